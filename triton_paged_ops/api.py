@@ -1,0 +1,227 @@
+"""Typed, documented Python faces of the ``torch.ops.tpa`` ops (each forwards to the op of the same name)."""
+
+from __future__ import annotations
+
+import torch
+
+import triton_paged_ops.ops  # noqa: F401  (registers torch.ops.tpa.*)
+
+_ATTENTION_PARAMS = """
+    Parameters
+    ----------
+    q : Tensor [T, Hq, D], float16 / bfloat16 / float32
+        New query tokens of all sequences, back to back (sequence ``b`` owns rows
+        ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``). Only the last dim must be contiguous.
+    k_cache : Tensor [num_pages, page_size, Hkv, D]
+        Paged key cache ("NHD"); any ``page_size >= 1``. May be a strided view (e.g. of a combined K/V buffer);
+        only the last dim must be contiguous. The new tokens' keys must already be written (``reshape_and_cache``).
+    v_cache : Tensor [num_pages, page_size, Hkv, Dv]
+        Paged value cache, same dtype and page layout as ``k_cache``; ``Dv`` may differ from ``D``.
+    block_table : Tensor [B, max_pages], int32
+        Page ids of each sequence, in order: key ``j`` of sequence ``b`` is at
+        ``(block_table[b, j // page_size], j % page_size)``.
+    cu_seqlens_q : Tensor [B + 1], int32
+        Prefix sums of the new-token counts; ``cu_seqlens_q[0] = 0``. Rows of ``q`` past ``cu_seqlens_q[B]``
+        (CUDA-graph padding) are ignored and their outputs left unwritten.
+    seq_lens : Tensor [B], int32
+        Total KV length of each sequence, *including* its new tokens.
+    max_seqlen_q, max_seqlen_k : int
+        Host-side upper bounds of the query lengths and of ``seq_lens`` (used to pick tile sizes and to check
+        that ``block_table`` is wide enough; never read from the device).
+    scale : float
+        Multiplier of ``q . k`` (usually ``D ** -0.5``).
+    causal : bool, default True
+        Bottom-right aligned causal mask: query ``i`` of a sequence with ``n`` new tokens and ``m`` keys sits at
+        position ``pos = m - n + i`` and sees keys ``j <= pos``.
+    window_left : int, default -1
+        Sliding window: ``-1`` for none, else key ``j`` must also satisfy ``j >= pos - window_left`` (with
+        ``causal`` this is the usual window ``pos - window_left <= j <= pos``).
+    softcap : float, default 0.0
+        ``0`` for none, else scaled logits become ``softcap * tanh(logits / softcap)``.
+    alibi_slopes : Tensor [Hq], float32, optional
+        Adds ``slope[h] * (j - pos)`` to the (softcapped) logits.
+    sinks : Tensor [Hq], float32, optional
+        A per-head logit that joins the softmax denominator only (attention sinks, as in gpt-oss).
+    k_scale, v_scale : Tensor [1], float32, optional
+        Dequantisation scales of the caches: keys are read as ``k_cache * k_scale``, values as
+        ``v_cache * v_scale``.
+"""
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    *,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    return torch.ops.tpa.paged_attention(
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
+        causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
+paged_attention.__doc__ = f"""Attention of a ragged batch of new tokens over a paged KV cache (prefill, decode, mixed).
+{_ATTENTION_PARAMS}
+    Returns
+    -------
+    out : Tensor [T, Hq, Dv], dtype of ``q``
+        Rows with no visible key (and no sink) are 0.
+
+    Examples
+    --------
+    >>> import torch, triton_paged_ops as tpa
+    >>> k_cache = torch.randn(8, 16, 2, 64); v_cache = torch.randn(8, 16, 2, 64)
+    >>> block_table = torch.tensor([[3, 5], [0, 7]], dtype=torch.int32)
+    >>> seq_lens = torch.tensor([20, 9], dtype=torch.int32)        # sequence 0: prefill of 4 new tokens
+    >>> cu_seqlens_q = torch.tensor([0, 4, 5], dtype=torch.int32)   # sequence 1: one decode token
+    >>> q = torch.randn(5, 8, 64)
+    >>> tpa.paged_attention(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, 4, 20, 64 ** -0.5).shape
+    torch.Size([5, 8, 64])
+"""
+
+
+def paged_attention_with_lse(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    *,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.tpa.paged_attention_with_lse(
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
+        causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
+
+
+paged_attention_with_lse.__doc__ = f"""Like :func:`paged_attention`, also returning the log-sum-exp of each row.
+{_ATTENTION_PARAMS}
+    Returns
+    -------
+    out : Tensor [T, Hq, Dv], dtype of ``q``
+    lse : Tensor [T, Hq], float32
+        Natural log of the softmax denominator (the sink's term included); ``-inf`` for rows that see nothing.
+        Two results over disjoint key sets combine exactly with :func:`merge_attn_states`.
+"""
+
+
+def paged_attention_out(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    *,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None = None,
+) -> None:
+    torch.ops.tpa.paged_attention_out(
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
+        causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+    )  # fmt: skip
+
+
+paged_attention_out.__doc__ = f"""Like :func:`paged_attention_with_lse`, writing into caller-provided buffers.
+
+    Allocates nothing, so it suits CUDA graphs and serving frameworks that own the output memory.
+{_ATTENTION_PARAMS}
+    out : Tensor [T, Hq, Dv], dtype of ``q``
+        Written in place (rows ``< cu_seqlens_q[B]``). Only the last dim must be contiguous.
+    lse : Tensor [T, Hq], float32, optional
+        Written in place with the natural-log LSE when given.
+"""
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write new tokens' keys and values into the paged caches, in place.
+
+    Parameters
+    ----------
+    key : Tensor [N, Hkv, D]
+    value : Tensor [N, Hkv, Dv]
+        Keys and values of N new tokens (last dim contiguous).
+    k_cache : Tensor [num_pages, page_size, Hkv, D]
+    v_cache : Tensor [num_pages, page_size, Hkv, Dv]
+        Paged caches (may be strided views; last dim contiguous). Values are cast to the cache dtype.
+    slot_mapping : Tensor [N], int32 or int64
+        Destination of token i: ``slot = page_id * page_size + offset``. Negative slots are padding and skipped.
+    k_scale, v_scale : Tensor [1], float32, optional
+        Quantisation scales: the cache receives ``key / k_scale`` and ``value / v_scale``.
+
+    Examples
+    --------
+    >>> import torch, triton_paged_ops as tpa
+    >>> k_cache = torch.zeros(4, 16, 2, 64); v_cache = torch.zeros(4, 16, 2, 64)
+    >>> key, value = torch.randn(3, 2, 64), torch.randn(3, 2, 64)
+    >>> tpa.reshape_and_cache(key, value, k_cache, v_cache, torch.tensor([17, -1, 2], dtype=torch.int32))
+    >>> bool((k_cache[1, 1] == key[0]).all())
+    True
+    """
+    torch.ops.tpa.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+
+
+def merge_attn_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over the union of two disjoint key sets, from each part's output and LSE.
+
+    Parameters
+    ----------
+    out_a, out_b : Tensor [T, H, Dv], same float dtype
+        Attention outputs over key sets A and B (e.g. a shared prefix and each request's own suffix).
+    lse_a, lse_b : Tensor [T, H], float32
+        Their natural-log LSEs; ``-inf`` marks an empty part.
+
+    Returns
+    -------
+    out : Tensor [T, H, Dv], dtype of ``out_a``, contiguous
+    lse : Tensor [T, H], float32
+        ``log(exp(lse_a) + exp(lse_b))``; rows empty in both parts get ``out = 0``, ``lse = -inf``.
+    """
+    return torch.ops.tpa.merge_attn_states(out_a, lse_a, out_b, lse_b)

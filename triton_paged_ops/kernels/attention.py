@@ -1,0 +1,344 @@
+"""Unified paged attention: prefill, decode and mixed rows of a ragged batch in one launch.
+
+Computes, for every new query token t of sequence b and query head h,
+
+    out[t, h] = softmax(scale * q[t, h] . K_b^T  (+ masks, softcap, alibi, sink)) @ V_b
+
+where K_b, V_b are gathered from a paged cache through ``block_table[b]``.
+
+Program ids
+-----------
+* axis 0: a query block, i.e. ``BLOCK_Q`` consecutive new tokens of one sequence. Sequence ``b`` owns the
+  blocks ``cu_seqlens_q[b] // BLOCK_Q + b`` onwards, so the grid ``T // BLOCK_Q + B`` is an upper bound that
+  depends on shapes only (static under CUDA graphs); programs past a sequence's last block exit at once.
+* axis 1: a KV head. The tile's ``BLOCK_M`` rows are ``BLOCK_Q`` tokens x the ``GROUP`` query heads that share
+  this KV head (GQA packing), so each K/V tile is loaded once for the whole group.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
+
+
+@triton.jit
+def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
+    """Largest b with cu_seqlens_q[b] // BLOCK_Q + b <= block_id (binary search; B is small)."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        if start <= block_id:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _tanh(x):
+    # Written with exp so the same source runs on every backend and in the interpreter; saturates to +-1.
+    return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * x))
+
+
+@triton.jit
+def _attend_tile(
+    acc,
+    m_i,
+    l_i,
+    q,
+    start_n,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row_ptr,
+    kv_head,
+    kv_len,
+    num_pages,
+    q_pos,
+    row_valid,
+    qk_scale,
+    softcap,
+    window_left,
+    alibi_slope,
+    stride_k_page,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_page,
+    stride_v_slot,
+    stride_v_head,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    key_valid = offs_n < kv_len
+    page = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=key_valid, other=0)
+    # A page id outside the cache would be an illegal access; such keys are dropped (debug mode reports them).
+    key_valid = key_valid & (page >= 0) & (page < num_pages)
+    # int64: page * stride overflows int32 for caches past 2 G elements.
+    slot = offs_n % PAGE_SIZE
+    k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
+    v_row = page.to(tl.int64) * stride_v_page + slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head
+    k = tl.load(
+        k_cache_ptr + k_row[None, :] + offs_d[:, None],
+        mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
+        other=0.0,
+    )
+    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    if HAS_SOFTCAP:
+        s = softcap * _tanh(s / softcap)
+    if HAS_ALIBI:
+        s += alibi_slope[:, None] * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
+    if HAS_SOFTCAP or HAS_ALIBI:
+        s = s * LOG2E  # qk_scale already carries LOG2E when neither feature is on
+
+    visible = row_valid[:, None] & key_valid[None, :]
+    if IS_CAUSAL:
+        visible = visible & (offs_n[None, :] <= q_pos[:, None])
+    if HAS_WINDOW:
+        visible = visible & (offs_n[None, :] >= q_pos[:, None] - window_left)
+    s = tl.where(visible, s, float("-inf"))
+
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Rows that have seen no key yet keep m = -inf; subtracting 0 instead avoids (-inf) - (-inf) = NaN.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+
+    v = tl.load(
+        v_cache_ptr + v_row[:, None] + offs_dv[None, :],
+        mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return acc, m_new, l_i
+
+
+def select_attention_config(
+    head_dim_pad: int, group: int, dtype: torch.dtype, max_seqlen_q: int, interpret: bool
+) -> dict[str, int]:
+    """Tile sizes and launch options for one call: the single place that chooses them.
+
+    Keys only on values fixed per model (head dim, GQA group, dtype) plus the regime (decode vs prefill, from the
+    host-side bound ``max_seqlen_q``), so a serving loop compiles a bounded set of variants.
+    """
+    group_pad = triton.next_power_of_2(group)
+    if interpret:
+        # The interpreter pays per operation, not per element: few large tiles are fastest.
+        return {"BLOCK_M": max(32, group_pad), "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
+    if max_seqlen_q * group <= 16:
+        block_m = max(16, group_pad)  # decode: one token's packed heads per tile
+    else:
+        block_m = max(64 if head_dim_pad > 128 else 128, group_pad)
+    block_n = 32 if head_dim_pad > 128 else 64
+    num_warps = 4 if block_m <= 64 else 8
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    lse_ptr,
+    block_table_ptr,
+    cu_seqlens_q_ptr,
+    seq_lens_ptr,
+    alibi_slopes_ptr,
+    sinks_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    sm_scale,
+    softcap,
+    window_left,
+    num_seqs,
+    num_tokens,
+    max_pages,
+    num_pages,
+    stride_q_t,
+    stride_q_h,
+    stride_k_page,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_page,
+    stride_v_slot,
+    stride_v_head,
+    stride_o_t,
+    stride_o_h,
+    stride_lse_t,
+    stride_lse_h,
+    stride_bt_b,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_K_SCALE: tl.constexpr,
+    HAS_V_SCALE: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
+    block_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.minimum(tl.load(cu_seqlens_q_ptr + seq + 1), num_tokens) - q_start
+    q_block = block_id - (q_start // BLOCK_Q + seq)
+    if q_block * BLOCK_Q >= q_len:
+        return
+    # Never read past the block table row, whatever seq_lens says.
+    kv_len = tl.minimum(tl.load(seq_lens_ptr + seq), max_pages * PAGE_SIZE)
+    context_len = kv_len - q_len  # bottom-right alignment: new tokens are the last q_len keys
+
+    offs_m = tl.arange(0, BLOCK_M)
+    q_tok = q_block * BLOCK_Q + offs_m // GROUP
+    q_head = kv_head * GROUP + offs_m % GROUP
+    row_valid = (offs_m < BLOCK_Q * GROUP) & (q_tok < q_len)
+    q_pos = context_len + q_tok
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+
+    q_row = (q_start + q_tok).to(tl.int64) * stride_q_t + q_head * stride_q_h
+    q = tl.load(
+        q_ptr + q_row[:, None] + offs_d[None, :],
+        mask=row_valid[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+
+    qk_scale = sm_scale
+    if HAS_K_SCALE:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    if not (HAS_SOFTCAP or HAS_ALIBI):
+        qk_scale = qk_scale * LOG2E
+    alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0)
+
+    if HAS_SINKS:
+        # The sink is a logit with no value: start the running max at it with a denominator of exp(0) = 1.
+        m_i = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+
+    # Key range this block can see: causal stops at the last row's position, a window starts at the first's.
+    last_tok = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    kv_hi = kv_len
+    if IS_CAUSAL:
+        kv_hi = tl.minimum(kv_len, context_len + last_tok + 1)
+    kv_lo = 0
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(0, context_len + q_block * BLOCK_Q - window_left)
+        kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
+
+    bt_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_b
+    for start_n in range(kv_lo, kv_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+            q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+        )  # fmt: skip
+
+    # Rows that saw no key (and no sink) have l = 0: their output is defined as 0.
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if HAS_V_SCALE:
+        out = out * tl.load(v_scale_ptr)
+    o_row = (q_start + q_tok).to(tl.int64) * stride_o_t + q_head * stride_o_h
+    tl.store(
+        out_ptr + o_row[:, None] + offs_dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+    )
+    if WRITE_LSE:
+        lse = tl.where(l_i > 0.0, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
+        lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
+        tl.store(lse_ptr + lse_off, lse, mask=row_valid)
+
+
+def _launch_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    interpret: bool,
+) -> None:
+    """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_pages, page_size, num_kv_heads, _ = k_cache.shape
+    head_dim_v = v_cache.shape[-1]
+    group = num_q_heads // num_kv_heads
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    cfg = select_attention_config(head_dim_pad, group, q.dtype, max_seqlen_q, interpret)
+    block_q = max(1, cfg["BLOCK_M"] // group)
+    num_seqs = seq_lens.shape[0]
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    lse_arg = lse if lse is not None else out
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out, lse_arg, block_table, cu_seqlens_q, seq_lens,
+        alibi_slopes if alibi_slopes is not None else q,
+        sinks if sinks is not None else q,
+        k_scale if k_scale is not None else q,
+        v_scale if v_scale is not None else q,
+        scale, softcap, window_left, num_seqs, num_tokens, block_table.shape[1], num_pages,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        lse_arg.stride(0), lse_arg.stride(1), block_table.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
+        HEAD_DIM_V_PAD=max(16, triton.next_power_of_2(head_dim_v)), PAGE_SIZE=page_size,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
+        IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
+        HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
+        HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
+        WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip

@@ -1,0 +1,130 @@
+"""Slow, plainly correct PyTorch versions of every ``tpa`` op.
+
+The tests trust these functions, so they favour the obvious over the fast: a Python loop over sequences, pages
+gathered into contiguous K/V, fp32 logits with explicit boolean masks, ``torch.softmax``. Layouts and semantics
+are those documented on :func:`triton_paged_ops.paged_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """The first ``kv_len`` tokens of one sequence from a paged cache: ``[kv_len, H, D]`` in the cache's dtype."""
+    page_size = cache.shape[1]
+    tokens = torch.arange(kv_len, device=cache.device)
+    pages = block_table_row[tokens // page_size].long()
+    return cache[pages, tokens % page_size]
+
+
+def paged_attention_with_lse(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference paged attention. Returns ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32, natural log).
+
+    Rows with no visible key get ``out = 0`` and ``lse = -inf`` (or the sink logit when ``sinks`` is given).
+    """
+    num_tokens, num_q_heads, _ = q.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.zeros(num_tokens, num_q_heads, v_cache.shape[-1], dtype=torch.float32, device=q.device)
+    lse = torch.full((num_tokens, num_q_heads), -math.inf, dtype=torch.float32, device=q.device)
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for b in range(len(lens)):
+        q_start, q_end = cu[b], cu[b + 1]
+        q_len, kv_len = q_end - q_start, lens[b]
+        if q_len == 0:
+            continue
+        k = gather_kv(k_cache, block_table[b], kv_len).float()
+        v = gather_kv(v_cache, block_table[b], kv_len).float()
+        if k_scale is not None:
+            k = k * k_scale.float()
+        if v_scale is not None:
+            v = v * v_scale.float()
+        # GQA: query head h reads KV head h // group.
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        qb = q[q_start:q_end].float()
+        logits = torch.einsum("qhd,khd->hqk", qb, k) * scale
+        if softcap > 0:
+            logits = softcap * torch.tanh(logits / softcap)
+        pos = torch.arange(q_len, device=q.device) + (kv_len - q_len)  # bottom-right aligned positions
+        key = torch.arange(kv_len, device=q.device)
+        if alibi_slopes is not None:
+            logits = logits + alibi_slopes.float()[:, None, None] * (key[None, :] - pos[:, None]).float()
+        visible = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device)
+        if causal:
+            visible &= key[None, :] <= pos[:, None]
+        if window_left >= 0:
+            visible &= key[None, :] >= pos[:, None] - window_left
+        logits = logits.masked_fill(~visible, -math.inf)
+        if sinks is not None:
+            # The sink is one more logit per head that takes part in the softmax but has no value row.
+            sink_col = sinks.float()[:, None, None].expand(num_q_heads, q_len, 1)
+            logits = torch.cat([logits, sink_col], dim=-1)
+            v = torch.cat([v, torch.zeros_like(v[:1])], dim=0)
+        row_lse = torch.logsumexp(logits, dim=-1)  # [Hq, q_len]
+        has_any = row_lse > -math.inf
+        probs = torch.where(has_any[..., None], torch.exp(logits - row_lse[..., None]), 0.0)
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v)
+        lse[q_start:q_end] = row_lse.transpose(0, 1)
+    return out.to(q.dtype), lse
+
+
+def paged_attention(*args, **kwargs) -> torch.Tensor:
+    """Reference paged attention, output only (same arguments as :func:`paged_attention_with_lse`)."""
+    return paged_attention_with_lse(*args, **kwargs)[0]
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
+    """Write token i's K/V to cache slot ``slot_mapping[i]`` (``page * page_size + offset``); negative slots skip.
+
+    Values are divided by the optional scales before the cast to the cache dtype (so that ``cache * scale``
+    recovers them).
+    """
+    page_size = k_cache.shape[1]
+    for i, slot in enumerate(slot_mapping.tolist()):
+        if slot < 0:
+            continue
+        k = key[i].float() if k_scale is None else key[i].float() / k_scale.float()
+        v = value[i].float() if v_scale is None else value[i].float() / v_scale.float()
+        k_cache[slot // page_size, slot % page_size] = k.to(k_cache.dtype)
+        v_cache[slot // page_size, slot % page_size] = v.to(v_cache.dtype)
+
+
+def merge_attn_states(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine attention over two disjoint key sets from each part's output and natural-log LSE."""
+    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    # Where both parts are empty (lse = -inf) the weights would be NaN; the merged output is 0 there.
+    safe = torch.where(lse == -math.inf, 0.0, lse)
+    w_a = torch.exp(lse_a.float() - safe)[..., None]
+    w_b = torch.exp(lse_b.float() - safe)[..., None]
+    out = w_a * out_a.float() + w_b * out_b.float()
+    return out.to(out_a.dtype), lse
