@@ -17,6 +17,9 @@ Program ids
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -27,9 +30,9 @@ LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum
 
 @triton.jit
 def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
-    """Largest b with cu_seqlens_q[b] // BLOCK_Q + b <= block_id (binary search; B is small)."""
+    """Largest b < num_seqs with cu_seqlens_q[b] // BLOCK_Q + b <= block_id (binary search over B + 1 entries)."""
     lo = 0
-    hi = num_seqs
+    hi = num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
@@ -42,8 +45,11 @@ def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _tanh(x):
-    # Written with exp so the same source runs on every backend and in the interpreter; saturates to +-1.
-    return 1.0 - 2.0 / (1.0 + tl.exp(2.0 * x))
+    # Written with exp so the same source runs on every backend and in the interpreter; exp(-2|x|) underflows to 0
+    # for large |x| (saturating to +-1) instead of overflowing.
+    t = tl.exp(-2.0 * tl.abs(x))
+    y = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0.0, -y, y)
 
 
 @triton.jit
@@ -131,6 +137,26 @@ def _attend_tile(
     return acc, m_new, l_i
 
 
+_config_override: dict[str, int] | None = None
+
+
+@contextlib.contextmanager
+def attention_config_override(**cfg: int) -> Iterator[None]:
+    """Force launch options (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) inside a ``with`` block.
+
+    For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
+    """
+    global _config_override
+    unknown = set(cfg) - {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
+    if unknown:
+        raise ValueError(f"unknown attention config keys: {sorted(unknown)}")
+    previous, _config_override = _config_override, cfg
+    try:
+        yield
+    finally:
+        _config_override = previous
+
+
 def select_attention_config(
     head_dim_pad: int, group: int, dtype: torch.dtype, max_seqlen_q: int, interpret: bool
 ) -> dict[str, int]:
@@ -142,14 +168,20 @@ def select_attention_config(
     group_pad = triton.next_power_of_2(group)
     if interpret:
         # The interpreter pays per operation, not per element: few large tiles are fastest.
-        return {"BLOCK_M": max(32, group_pad), "BLOCK_N": 64, "num_warps": 4, "num_stages": 1}
-    if max_seqlen_q * group <= 16:
-        block_m = max(16, group_pad)  # decode: one token's packed heads per tile
+        cfg = {"BLOCK_M": max(128, group_pad), "BLOCK_N": 128, "num_warps": 4, "num_stages": 1}
     else:
-        block_m = max(64 if head_dim_pad > 128 else 128, group_pad)
-    block_n = 32 if head_dim_pad > 128 else 64
-    num_warps = 4 if block_m <= 64 else 8
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
+        if max_seqlen_q * group <= 16:
+            block_m = max(16, group_pad)  # decode: one token's packed heads per tile
+        else:
+            block_m = max(64 if head_dim_pad > 128 else 128, group_pad)
+        block_n = 32 if head_dim_pad > 128 else 64
+        num_warps = 4 if block_m <= 64 else 8
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
+    if _config_override:
+        cfg.update(_config_override)
+    if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
+        raise ValueError(f"attention config {cfg} needs BLOCK_M >= max(16, GQA group={group}) and BLOCK_N >= 16")
+    return cfg
 
 
 @triton.jit
@@ -319,6 +351,8 @@ def _launch_paged_attention(
     cfg = select_attention_config(head_dim_pad, group, q.dtype, max_seqlen_q, interpret)
     block_q = max(1, cfg["BLOCK_M"] // group)
     num_seqs = seq_lens.shape[0]
+    if num_seqs == 0 or num_tokens == 0:
+        return
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     lse_arg = lse if lse is not None else out
     _paged_attention_kernel[grid](

@@ -1,0 +1,42 @@
+"""Test set-up: CPU runs exercise the real Triton kernels through Triton's interpreter.
+
+``TRITON_INTERPRET`` must be set before any ``@triton.jit`` kernel is defined, i.e. before ``triton_paged_ops`` is
+imported, so it is set here, at collection time.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+# "ci": few, small examples for the 2-core interpreter run. "gpu": many larger ones for a GPU run.
+settings.register_profile(
+    "ci",
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=False,
+    print_blob=True,
+)
+settings.register_profile(
+    "gpu",
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "ci"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

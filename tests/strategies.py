@@ -1,0 +1,206 @@
+"""Hypothesis strategies that draw whole paged-attention problems.
+
+A problem is drawn as plain Python values (lengths, page size, heads, features, a seed) and then materialised as
+tensors from that seed, so every example has fresh random data yet replays exactly when Hypothesis shrinks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from hypothesis import strategies as st
+
+PAGE_SIZES = (1, 2, 3, 7, 16, 32, 64)
+HEAD_DIMS = ((64, 64), (80, 80), (96, 96), (128, 128), (96, 64), (192, 128), (256, 256))
+
+
+@dataclasses.dataclass
+class Spec:
+    q_lens: list[int]
+    kv_lens: list[int]
+    pad_tokens: int
+    page_size: int
+    num_kv_heads: int
+    group: int
+    head_dim: int
+    head_dim_v: int
+    dtype: torch.dtype
+    causal: bool
+    window_left: int
+    softcap: float
+    use_alibi: bool
+    use_sinks: bool
+    use_kv_scale: bool
+    scale: float
+    strided: bool
+    spare_pages: int
+    extra_cols: int
+    tiles: tuple[int, int] | None
+    seed: int
+
+
+@dataclasses.dataclass
+class Problem:
+    spec: Spec
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    seq_lens: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+    kwargs: dict
+
+    @property
+    def args(self) -> tuple:
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.cu_seqlens_q, self.seq_lens,
+                self.max_seqlen_q, self.max_seqlen_k, self.spec.scale)  # fmt: skip
+
+    @property
+    def num_real_tokens(self) -> int:
+        return sum(self.spec.q_lens)
+
+
+def _lengths(draw, small: bool, max_seqs: int, max_q: int, max_ctx: int) -> tuple[list[int], list[int]]:
+    n = draw(st.integers(1, max_seqs))
+    q_lens, kv_lens = [], []
+    for _ in range(n):
+        if small:
+            q = draw(st.integers(0, min(max_q, 40)))
+            ctx = draw(st.integers(0, min(max_ctx, 160)))
+        else:
+            # Mostly decode-like or short rows, sometimes long prefill rows and long contexts.
+            q = draw(st.one_of(st.integers(0, 2), st.integers(1, 48), st.integers(1, max_q)))
+            ctx = draw(st.one_of(st.integers(0, 8), st.integers(0, 300), st.integers(0, max_ctx)))
+        q_lens.append(q)
+        kv_lens.append(q + ctx)
+    return q_lens, kv_lens
+
+
+def _work(q_lens, kv_lens, num_kv_heads, group) -> int:
+    """Rough count of 128x128 tile steps: what the interpreter's run time is proportional to."""
+    block_q = max(1, 128 // group)
+    return sum(math.ceil(q / block_q) * math.ceil(kv / 128) for q, kv in zip(q_lens, kv_lens)) * num_kv_heads
+
+
+def _fit_work(q_lens, kv_lens, num_kv_heads, group, max_work) -> None:
+    """Shrink the longest sequence (context first, then new tokens) until the problem fits the work budget."""
+    while _work(q_lens, kv_lens, num_kv_heads, group) > max_work:
+        b = max(range(len(kv_lens)), key=lambda i: kv_lens[i])
+        ctx = kv_lens[b] - q_lens[b]
+        if ctx > q_lens[b]:
+            kv_lens[b] = q_lens[b] + ctx // 2
+        else:
+            q_lens[b] //= 2
+            kv_lens[b] = q_lens[b] + ctx // 2
+
+
+@st.composite
+def specs(
+    draw,
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16),
+    max_seqs: int = 8,
+    max_q: int = 300,
+    max_ctx: int = 2048,
+    head_dims: tuple[tuple[int, int], ...] = HEAD_DIMS,
+    max_work: int | None = None,
+) -> Spec:
+    small = draw(st.booleans())
+    q_lens, kv_lens = _lengths(draw, small, max_seqs, max_q, max_ctx)
+    num_kv_heads = draw(st.sampled_from((1, 2, 4)))
+    group = draw(st.sampled_from((1, 2, 3, 4, 8)))  # MHA, GQA (incl. a non-power of two), MQA when Hkv = 1
+    if max_work is not None:
+        _fit_work(q_lens, kv_lens, num_kv_heads, group, max_work)
+    head_dim, head_dim_v = draw(st.sampled_from(head_dims))
+    # Small tiles reach many tile and block boundaries with few tokens; only used on small problems.
+    tiles = None
+    if small and draw(st.booleans()):
+        block_m = draw(st.sampled_from([m for m in (16, 32, 64) if m >= group]))
+        tiles = (block_m, draw(st.sampled_from((16, 32))))
+    return Spec(
+        q_lens=q_lens,
+        kv_lens=kv_lens,
+        pad_tokens=draw(st.sampled_from((0, 0, 3))),
+        page_size=draw(st.sampled_from(PAGE_SIZES)),
+        num_kv_heads=num_kv_heads,
+        group=group,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        dtype=draw(st.sampled_from(dtypes)),
+        causal=draw(st.booleans()),
+        window_left=draw(st.one_of(st.just(-1), st.integers(0, 300))),
+        softcap=draw(st.one_of(st.just(0.0), st.floats(1.0, 50.0))),
+        use_alibi=draw(st.booleans()),
+        use_sinks=draw(st.booleans()),
+        use_kv_scale=draw(st.booleans()),
+        scale=draw(st.one_of(st.just(head_dim**-0.5), st.floats(0.05, 1.0))),
+        strided=draw(st.booleans()),
+        spare_pages=draw(st.integers(0, 4)),
+        extra_cols=draw(st.integers(0, 3)),
+        tiles=tiles,
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def make_cache_pair(spec: Spec, num_pages: int, gen: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random K/V caches; with ``spec.strided`` they are views into one padded buffer (strided in every dim)."""
+    shape_k = (num_pages, spec.page_size, spec.num_kv_heads, spec.head_dim)
+    shape_v = (num_pages, spec.page_size, spec.num_kv_heads, spec.head_dim_v)
+    if not spec.strided:
+        k = torch.randn(shape_k, generator=gen, device=device).to(spec.dtype)
+        v = torch.randn(shape_v, generator=gen, device=device).to(spec.dtype)
+        return k, v
+    # One buffer [pages, page_size, 2, Hkv + 1, max(D, Dv) + 8]: K at [:, :, 0], V at [:, :, 1], padded heads/dims.
+    width = max(spec.head_dim, spec.head_dim_v) + 8
+    buf = torch.randn(
+        num_pages, spec.page_size, 2, spec.num_kv_heads + 1, width, generator=gen, device=device
+    ).to(spec.dtype)
+    k = buf[:, :, 0, : spec.num_kv_heads, : spec.head_dim]
+    v = buf[:, :, 1, 1:, : spec.head_dim_v]
+    return k, v
+
+
+def build(spec: Spec, device: str | torch.device) -> Problem:
+    """Materialise a drawn spec as tensors on ``device``."""
+    gen = torch.Generator(device=device).manual_seed(spec.seed)
+    ps = spec.page_size
+    pages_per_seq = [math.ceil(n / ps) for n in spec.kv_lens]
+    needed = sum(pages_per_seq)
+    num_pages = max(1, needed + spec.spare_pages)
+    k_cache, v_cache = make_cache_pair(spec, num_pages, gen, device)
+    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
+    width = max(1, max(pages_per_seq, default=0) + spec.extra_cols)
+    # Entries past a sequence's pages are never read: fill them with an id no cache has.
+    block_table = torch.full((len(spec.kv_lens), width), -1, dtype=torch.int32, device=device)
+    at = 0
+    for b, n in enumerate(pages_per_seq):
+        block_table[b, :n] = perm[at : at + n]
+        at += n
+    hq = spec.num_kv_heads * spec.group
+    total = sum(spec.q_lens) + spec.pad_tokens
+    q = torch.randn(total, hq, spec.head_dim, generator=gen, device=device).to(spec.dtype)
+    cu = torch.tensor([0, *spec.q_lens], device=device).cumsum(0).to(torch.int32)
+    seq_lens = torch.tensor(spec.kv_lens, dtype=torch.int32, device=device)
+    kwargs: dict = {"causal": spec.causal, "window_left": spec.window_left, "softcap": spec.softcap}
+    if spec.use_alibi:
+        kwargs["alibi_slopes"] = torch.rand(hq, generator=gen, device=device) * 0.5
+    if spec.use_sinks:
+        kwargs["sinks"] = torch.randn(hq, generator=gen, device=device) * 2.0
+    if spec.use_kv_scale:
+        kwargs["k_scale"] = torch.rand(1, generator=gen, device=device) + 0.5
+        kwargs["v_scale"] = torch.rand(1, generator=gen, device=device) + 0.5
+    return Problem(
+        spec=spec,
+        q=q,
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_table=block_table,
+        cu_seqlens_q=cu,
+        seq_lens=seq_lens,
+        max_seqlen_q=max(spec.q_lens, default=0),
+        max_seqlen_k=max(spec.kv_lens, default=0),
+        kwargs=kwargs,
+    )

@@ -1,0 +1,148 @@
+"""The attention kernel against the PyTorch reference, on Hypothesis-drawn paged batches."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import triton_paged_ops as tpa
+from triton_paged_ops import reference
+from triton_paged_ops.kernels.attention import attention_config_override
+from triton_paged_ops.ops import INTERPRET
+
+from .strategies import Spec, build, specs
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreter's bf16 tl.dot is not trustworthy, so the CPU run covers fp32/fp16 and the GPU run adds bf16.
+DTYPES = (torch.float32, torch.float16) if DEVICE == "cpu" else (torch.bfloat16, torch.float16, torch.float32)
+# The interpreter runs a 128x128 tile step in ~10 ms: keep each CPU example to a few seconds.
+MAX_WORK = 96 if DEVICE == "cpu" else None
+
+# Relative L2 error of the whole output, largest absolute error, and absolute LSE error, per input dtype. The
+# reference computes in fp32 from the same (rounded) inputs, so the gap is the kernel's own rounding: fp32 tiles,
+# and P rounded to the input dtype before the P @ V product.
+TOLERANCE = {
+    torch.float32: {"rel": 1e-5, "abs": 1e-4, "lse": 1e-4},
+    torch.float16: {"rel": 2e-3, "abs": 1e-2, "lse": 1e-3},
+    torch.bfloat16: {"rel": 1e-2, "abs": 6e-2, "lse": 1e-3},
+}
+
+
+def _tiles(spec: Spec):
+    if spec.tiles is None:
+        return contextlib.nullcontext()
+    return attention_config_override(BLOCK_M=spec.tiles[0], BLOCK_N=spec.tiles[1])
+
+
+def assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, rows):
+    tol = TOLERANCE[dtype]
+    out, ref_out = out[:rows].float(), ref_out[:rows].float()
+    assert not out.isnan().any(), "kernel left unwritten (NaN-poisoned) or NaN outputs"
+    err = (out - ref_out).norm() / ref_out.norm().clamp_min(1e-6)
+    assert err <= tol["rel"], f"relative L2 error {err:.3e} > {tol['rel']}"
+    max_abs = (out - ref_out).abs().max().item() if rows else 0.0
+    assert max_abs <= tol["abs"], f"max abs error {max_abs:.3e} > {tol['abs']}"
+    if lse is not None:
+        lse, ref_lse = lse[:rows], ref_lse[:rows]
+        assert torch.equal(lse.isneginf(), ref_lse.isneginf()), "rows with nothing to attend disagree"
+        finite = ~ref_lse.isneginf()
+        lse_err = (lse[finite] - ref_lse[finite]).abs().max().item() if finite.any() else 0.0
+        assert lse_err <= tol["lse"] * (1 + ref_lse[finite].abs().max().item() if finite.any() else 1)
+
+
+def run_out_variant(p):
+    t, hq = p.q.shape[:2]
+    out = torch.full((t, hq, p.spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
+    lse = torch.full((t, hq), float("nan"), device=p.q.device)
+    with _tiles(p.spec):
+        tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
+    return out, lse
+
+
+@given(spec=specs(dtypes=DTYPES, max_work=MAX_WORK))
+@example(  # every feature at once, page size 7 across 64-key tiles, GQA group 3, padding rows
+    spec=Spec(q_lens=[5, 1, 0, 70], kv_lens=[40, 9, 3, 200], pad_tokens=3, page_size=7, num_kv_heads=2, group=3,
+              head_dim=80, head_dim_v=80, dtype=torch.float16, causal=True, window_left=50, softcap=20.0,
+              use_alibi=True, use_sinks=True, use_kv_scale=True, scale=0.11, strided=True, spare_pages=2,
+              extra_cols=1, tiles=None, seed=1)
+)  # fmt: skip
+@example(  # token-level cache (page size 1), MQA, decode rows, small tiles, Dv != D
+    spec=Spec(q_lens=[1, 1, 1], kv_lens=[1, 33, 130], pad_tokens=0, page_size=1, num_kv_heads=1, group=8,
+              head_dim=96, head_dim_v=64, dtype=torch.float32, causal=True, window_left=-1, softcap=0.0,
+              use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=0,
+              extra_cols=0, tiles=(16, 16), seed=2)
+)  # fmt: skip
+def test_matches_reference(spec):
+    p = build(spec, DEVICE)
+    out, lse = run_out_variant(p)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
+    # Padding rows past cu_seqlens_q[-1] are not written.
+    assert out[n:].isnan().all() and lse[n:].isnan().all()
+
+
+@given(spec=specs(dtypes=DTYPES, max_work=MAX_WORK and MAX_WORK // 3), cut=st.integers(0, 8))
+def test_merge_of_two_key_halves_equals_whole(spec, cut):
+    """Attention over pages [0, cut) and [cut, ...) merged with merge_attn_states equals attention over all keys.
+
+    Non-causal with no window/alibi, so that a key's logit does not depend on its position; the sink joins one
+    half only, as the merge must count it once.
+    """
+    spec.causal, spec.window_left, spec.use_alibi = False, -1, False
+    p = build(spec, DEVICE)
+    ps = spec.page_size
+    whole_out, whole_lse = run_out_variant(p)
+    cut = min(cut, p.block_table.shape[1])
+    lens_a = torch.clamp(p.seq_lens, max=cut * ps)
+    lens_b = p.seq_lens - lens_a
+    table_b = torch.cat([p.block_table[:, cut:], p.block_table[:, :1].clone().fill_(-1)], dim=1)
+    kw_b = {k: v for k, v in p.kwargs.items() if k != "sinks"}
+    with _tiles(spec):
+        out_a, lse_a = tpa.paged_attention_with_lse(p.q, p.k_cache, p.v_cache, p.block_table, p.cu_seqlens_q,
+                                                    lens_a, p.max_seqlen_q, min(cut * ps, p.max_seqlen_k), spec.scale, **p.kwargs)
+        out_b, lse_b = tpa.paged_attention_with_lse(p.q, p.k_cache, p.v_cache, table_b, p.cu_seqlens_q, lens_b,
+                                                    p.max_seqlen_q, max(p.max_seqlen_k - cut * ps, 0), spec.scale, **kw_b)
+    n = p.num_real_tokens
+    out, lse = tpa.merge_attn_states(out_a[:n], lse_a[:n], out_b[:n], lse_b[:n])
+    # Both the whole and the merge are kernel results: allow twice the single-run rounding.
+    tol = {k: 2 * v for k, v in TOLERANCE[spec.dtype].items()}
+    err = (out.float() - whole_out[:n].float()).norm() / whole_out[:n].float().norm().clamp_min(1e-6)
+    assert err <= tol["rel"], f"merged vs whole relative error {err:.3e}"
+    torch.testing.assert_close(lse, whole_lse[:n], rtol=tol["lse"], atol=tol["lse"])
+
+
+@given(spec=specs(dtypes=DTYPES, max_seqs=5, max_work=MAX_WORK), pick=st.integers(0, 7))
+def test_sequence_output_independent_of_batch(spec, pick):
+    """A sequence's output is bit-for-bit the same alone as inside the batch (same host-side bounds)."""
+    p = build(spec, DEVICE)
+    b = pick % len(spec.q_lens)
+    out, _ = run_out_variant(p)
+    lo, hi = int(p.cu_seqlens_q[b]), int(p.cu_seqlens_q[b + 1])
+    cu_one = torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE)
+    alone = torch.full_like(out[lo:hi], float("nan"))
+    with _tiles(spec):
+        tpa.paged_attention_out(p.q[lo:hi], p.k_cache, p.v_cache, p.block_table[b : b + 1], cu_one,
+                                p.seq_lens[b : b + 1], p.max_seqlen_q, p.max_seqlen_k, spec.scale, **p.kwargs,
+                                out=alone)  # fmt: skip
+    assert torch.equal(alone, out[lo:hi])
+
+
+@pytest.mark.gpu
+@settings(max_examples=100)
+@given(spec=specs(dtypes=(torch.bfloat16,), max_seqs=16, max_q=1024, max_ctx=8192))
+def test_matches_reference_large_bf16(spec):
+    """Larger bf16 problems on the GPU: long prefills and contexts, many sequences."""
+    p = build(spec, DEVICE)
+    out, lse = run_out_variant(p)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+
+
+def test_interpreter_is_on_without_gpu():
+    """Guards the CI set-up: without a GPU the suite must be testing kernels (interpreter), not the reference."""
+    assert INTERPRET or torch.cuda.is_available()
