@@ -1,0 +1,166 @@
+"""Bad input raises a clear error that names the offending argument; debug mode catches index errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import triton_paged_ops as tpa
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+I32 = torch.int32
+
+
+def good_args() -> dict:
+    return {
+        "q": torch.randn(5, 8, 64, device=DEVICE),
+        "k_cache": torch.randn(6, 16, 2, 64, device=DEVICE),
+        "v_cache": torch.randn(6, 16, 2, 64, device=DEVICE),
+        "block_table": torch.tensor([[3, 5], [0, 1]], dtype=I32, device=DEVICE),
+        "cu_seqlens_q": torch.tensor([0, 4, 5], dtype=I32, device=DEVICE),
+        "seq_lens": torch.tensor([20, 9], dtype=I32, device=DEVICE),
+        "max_seqlen_q": 4,
+        "max_seqlen_k": 20,
+        "scale": 0.125,
+    }
+
+
+def call(args: dict, **kw):
+    return tpa.paged_attention(**args, **kw)
+
+
+BAD = [
+    ("q", lambda a: a.update(q=a["q"][0]), "q must have 3 dims"),
+    ("q", lambda a: a.update(q=a["q"].to(torch.int32)), "q must have dtype"),
+    ("q", lambda a: a.update(q=a["q"].transpose(1, 2).contiguous().transpose(1, 2)), "q must be contiguous"),
+    ("k_cache", lambda a: a.update(k_cache=a["k_cache"][0]), "k_cache must have 4 dims"),
+    ("v_cache", lambda a: a.update(v_cache=a["v_cache"].half()), "dtypes differ"),
+    ("v_cache", lambda a: a.update(v_cache=a["v_cache"][:, :8]), "v_cache must be"),
+    ("Hq", lambda a: a.update(q=torch.randn(5, 7, 64, device=DEVICE)), "divisible"),
+    ("head dim", lambda a: a.update(q=torch.randn(5, 8, 80, device=DEVICE)), "head-dim mismatch"),
+    ("block_table", lambda a: a.update(block_table=a["block_table"].long()), "block_table must have dtype"),
+    ("block_table", lambda a: a.update(block_table=a["block_table"][:, :1]), "block_table too narrow"),
+    ("block_table", lambda a: a.update(block_table=a["block_table"][:1]), "block_table must have B=2 rows"),
+    ("cu_seqlens_q", lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][:2]), r"cu_seqlens_q must have B\+1=3"),
+    ("cu_seqlens_q", lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].long()), "cu_seqlens_q must have dtype"),
+    ("seq_lens", lambda a: a.update(seq_lens=a["seq_lens"].float()), "seq_lens must have dtype"),
+    ("max_seqlen_k", lambda a: a.update(max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
+    ("scale", lambda a: a.update(scale=float("nan")), "scale must be finite"),
+]
+
+
+@pytest.mark.parametrize("name,mutate,message", BAD, ids=[f"{b[0]}:{b[2]}" for b in BAD])
+def test_bad_argument_is_named(name, mutate, message):
+    args = good_args()
+    mutate(args)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(args)
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"window_left": -2}, "window_left"),
+        ({"softcap": -1.0}, "softcap"),
+        ({"alibi_slopes": torch.ones(4)}, "alibi_slopes must have shape"),
+        ({"alibi_slopes": torch.ones(8, dtype=torch.float16)}, "alibi_slopes must have dtype"),
+        ({"sinks": torch.ones(2, 4)}, "sinks must have 1 dims"),
+        ({"k_scale": torch.ones(2)}, "k_scale must have exactly 1 element"),
+        ({"v_scale": torch.ones(1, dtype=torch.float64)}, "v_scale must be float32"),
+    ],
+)
+def test_bad_feature_argument_is_named(kw, message):
+    kw = {k: v.to(DEVICE) for k, v in kw.items()} if DEVICE != "cpu" else kw
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(good_args(), **kw)
+
+
+def test_bad_out_buffers_are_named():
+    args = good_args()
+    with pytest.raises(ValueError, match=r"out must have shape"):
+        tpa.paged_attention_out(**args, out=torch.empty(5, 8, 32, device=DEVICE))
+    with pytest.raises(TypeError, match=r"out must have dtype"):
+        tpa.paged_attention_out(**args, out=torch.empty(5, 8, 64, device=DEVICE, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"lse must have shape"):
+        tpa.paged_attention_out(**args, out=torch.empty(5, 8, 64, device=DEVICE), lse=torch.empty(5, 7, device=DEVICE))
+
+
+@pytest.mark.gpu  # needs two devices: the CPU and a GPU
+def test_device_mismatch_is_named():
+    args = good_args()
+    args["seq_lens"] = args["seq_lens"].cpu()
+    with pytest.raises(ValueError, match="seq_lens is on cpu"):
+        call(args)
+
+
+def test_cache_write_checks():
+    key = torch.randn(3, 2, 64, device=DEVICE)
+    k_cache = torch.zeros(4, 16, 2, 64, device=DEVICE)
+    slots = torch.tensor([0, 1, 2], dtype=I32, device=DEVICE)
+    with pytest.raises(ValueError, match="k_cache must be"):
+        tpa.reshape_and_cache(key, key, torch.zeros(4, 16, 3, 64, device=DEVICE), k_cache, slots)
+    with pytest.raises(ValueError, match="slot_mapping must have N=3"):
+        tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), slots[:2])
+    with pytest.raises(TypeError, match="slot_mapping must have dtype"):
+        tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), slots.float())
+
+
+def test_merge_checks():
+    out = torch.randn(3, 2, 64, device=DEVICE)
+    lse = torch.randn(3, 2, device=DEVICE)
+    with pytest.raises(ValueError, match="lse_b must have shape"):
+        tpa.merge_attn_states(out, lse, out, lse[:, :1])
+    with pytest.raises(TypeError, match="lse_a must have dtype"):
+        tpa.merge_attn_states(out, lse.half(), out, lse)
+
+
+class TestDebugMode:
+    """Index checks need a device-to-host sync, so they run only when asked for."""
+
+    @pytest.fixture(autouse=True)
+    def debug_on(self):
+        tpa.set_debug_mode(True)
+        yield
+        tpa.set_debug_mode(False)
+
+    def test_page_id_out_of_range(self):
+        args = good_args()
+        args["block_table"][0, 1] = 6
+        with pytest.raises(ValueError, match="block_table row 0 references a page outside"):
+            call(args)
+
+    def test_q_len_longer_than_seq_len(self):
+        args = good_args()
+        args["seq_lens"][1] = 0
+        with pytest.raises(ValueError, match="q_len > seq_len"):
+            call(args)
+
+    def test_seq_len_over_bound(self):
+        args = good_args()
+        args["max_seqlen_k"] = 19
+        with pytest.raises(ValueError, match="exceeds max_seqlen_k"):
+            call(args)
+
+    def test_decreasing_cu_seqlens(self):
+        args = good_args()
+        args["cu_seqlens_q"] = torch.tensor([0, 4, 3], dtype=I32, device=DEVICE)
+        with pytest.raises(ValueError, match="non-decreasing"):
+            call(args)
+
+    def test_slot_out_of_cache(self):
+        key = torch.randn(1, 2, 64, device=DEVICE)
+        cache = torch.zeros(4, 16, 2, 64, device=DEVICE)
+        with pytest.raises(ValueError, match="slot_mapping has a slot"):
+            tpa.reshape_and_cache(key, key, cache, cache.clone(), torch.tensor([64], dtype=I32, device=DEVICE))
+
+    def test_valid_input_passes(self):
+        out = call(good_args())
+        assert out.shape == (5, 8, 64)
+
+
+def test_out_of_range_page_ids_do_not_fault_without_debug():
+    """Without debug mode a bad page id must not read out of bounds: the key is dropped instead."""
+    args = good_args()
+    args["block_table"][0, 1] = 10_000_000
+    out = call(args)
+    assert torch.isfinite(out).all()

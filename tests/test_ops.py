@@ -1,0 +1,133 @@
+"""Op registration: opcheck, agreement between the three attention ops, torch.compile, CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import triton_paged_ops as tpa
+
+from .strategies import Spec, build
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def spec(**kw) -> Spec:
+    base = dict(q_lens=[3, 1, 0, 9], kv_lens=[20, 9, 4, 30], pad_tokens=0, page_size=4, num_kv_heads=2, group=2,
+                head_dim=64, head_dim_v=64, dtype=torch.float32, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
+                extra_cols=1, tiles=None, seed=0)  # fmt: skip
+    base.update(kw)
+    return Spec(**base)
+
+
+OPCHECK_SPECS = [
+    spec(),
+    spec(dtype=torch.float16, page_size=3, group=4, num_kv_heads=1, use_sinks=True, window_left=5, strided=True),
+    spec(causal=False, softcap=10.0, use_alibi=True, use_kv_scale=True, head_dim=80, head_dim_v=80, seed=3),
+]
+
+
+@pytest.mark.parametrize("s", OPCHECK_SPECS, ids=["plain", "sinks-window-strided", "features"])
+def test_opcheck_attention_ops(s):
+    p = build(s, DEVICE)
+    kw = p.kwargs
+    torch.library.opcheck(torch.ops.tpa.paged_attention.default, p.args, kw)
+    torch.library.opcheck(torch.ops.tpa.paged_attention_with_lse.default, p.args, kw)
+    out = torch.empty(p.q.shape[0], p.q.shape[1], s.head_dim_v, dtype=p.q.dtype, device=DEVICE)
+    lse = torch.empty(p.q.shape[0], p.q.shape[1], device=DEVICE)
+    torch.library.opcheck(torch.ops.tpa.paged_attention_out.default, p.args, {**kw, "out": out, "lse": lse})
+    torch.library.opcheck(torch.ops.tpa.paged_attention_out.default, p.args, {**kw, "out": out})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_opcheck_cache_and_merge(dtype):
+    key = torch.randn(5, 2, 64, device=DEVICE, dtype=dtype)
+    k_cache = torch.randn(3, 4, 2, 64, device=DEVICE, dtype=dtype)
+    v_cache = torch.randn(3, 4, 2, 64, device=DEVICE, dtype=dtype)
+    slots = torch.tensor([0, 5, -1, 11, 2], dtype=torch.int32, device=DEVICE)
+    torch.library.opcheck(torch.ops.tpa.reshape_and_cache.default, (key, key, k_cache, v_cache, slots))
+    scale = torch.tensor([0.5], device=DEVICE)
+    torch.library.opcheck(torch.ops.tpa.reshape_and_cache.default, (key, key, k_cache, v_cache, slots, scale, scale))
+    out = torch.randn(4, 3, 64, device=DEVICE, dtype=dtype)
+    lse = torch.randn(4, 3, device=DEVICE)
+    torch.library.opcheck(torch.ops.tpa.merge_attn_states.default, (out, lse, out * 2, lse - 1))
+
+
+def test_three_attention_ops_agree_bitwise():
+    p = build(spec(use_sinks=True, softcap=5.0, seed=7), DEVICE)
+    out = tpa.paged_attention(*p.args, **p.kwargs)
+    out2, lse2 = tpa.paged_attention_with_lse(*p.args, **p.kwargs)
+    out3 = torch.full_like(out, float("nan"))
+    lse3 = torch.full_like(lse2, float("nan"))
+    tpa.paged_attention_out(*p.args, **p.kwargs, out=out3, lse=lse3)
+    assert torch.equal(out, out2) and torch.equal(out, out3) and torch.equal(lse2, lse3)
+
+
+def test_torch_compile_fullgraph_no_recompile_across_token_counts():
+    """Write new tokens into the cache and attend, compiled with fullgraph=True and a dynamic token count."""
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    num_pages, page_size, hkv, hq, d = 16, 4, 2, 4, 64
+    k_cache = torch.zeros(num_pages, page_size, hkv, d, device=DEVICE)
+    v_cache = torch.zeros_like(k_cache)
+
+    def step(q, k, v, k_cache, v_cache, slots, block_table, cu, seq_lens, max_q: int, max_k: int):
+        torch.ops.tpa.reshape_and_cache(k, v, k_cache, v_cache, slots)
+        out = torch.ops.tpa.paged_attention(q, k_cache, v_cache, block_table, cu, seq_lens, max_q, max_k, 0.125)
+        return out.sum(-1) * 2.0
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    block_table = torch.randperm(num_pages, device=DEVICE).to(torch.int32).view(2, 8)
+    for n in (1, 2, 5, 7):
+        # Two sequences: the first prefills n tokens, the second decodes one token after a context of 5.
+        q = torch.randn(n + 1, hq, d, device=DEVICE)
+        k = torch.randn(n + 1, hkv, d, device=DEVICE)
+        v = torch.randn(n + 1, hkv, d, device=DEVICE)
+        pos = torch.cat([torch.arange(n), torch.tensor([5])]).to(DEVICE)
+        seq = torch.tensor([0] * n + [1], device=DEVICE)
+        slots = (block_table[seq, pos // page_size] * page_size + pos % page_size).to(torch.int32)
+        cu = torch.tensor([0, n, n + 1], dtype=torch.int32, device=DEVICE)
+        seq_lens = torch.tensor([n, 6], dtype=torch.int32, device=DEVICE)
+        kc_e, vc_e = k_cache.clone(), v_cache.clone()
+        got = compiled(q, k, v, k_cache, v_cache, slots, block_table, cu, seq_lens, n, 6)
+        want = step(q, k, v, kc_e, vc_e, slots, block_table, cu, seq_lens, n, 6)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(k_cache, kc_e) and torch.equal(v_cache, vc_e)
+    assert counters["graph_break"] == {} or sum(counters["graph_break"].values()) == 0
+    frames = counters["stats"]["unique_graphs"]
+    assert frames >= 1, "nothing was compiled"
+    assert frames <= 2, f"compiled {frames} graphs for 4 token counts (at most one recompile allowed)"
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_matches_eager_with_new_lengths():
+    """Capture paged_attention_out once, then replay after changing lengths, block tables and cache contents."""
+    s = spec(q_lens=[1] * 8, kv_lens=[50] * 8, dtype=torch.bfloat16, page_size=16, group=4, head_dim=128,
+             head_dim_v=128, extra_cols=6)  # fmt: skip
+    p = build(s, DEVICE)
+    out = torch.empty(8, p.q.shape[1], 128, dtype=p.q.dtype, device=DEVICE)
+    lse = torch.empty(8, p.q.shape[1], device=DEVICE)
+    max_k = p.block_table.shape[1] * s.page_size
+
+    def run():
+        tpa.paged_attention_out(p.q, p.k_cache, p.v_cache, p.block_table, p.cu_seqlens_q, p.seq_lens, 1, max_k,
+                                s.scale, out=out, lse=lse)  # fmt: skip
+
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    for _ in range(3):
+        p.seq_lens.copy_(torch.randint(1, max_k + 1, (8,), generator=gen, device=DEVICE, dtype=torch.int32))
+        p.seq_lens[7] = 1  # a padded-style entry
+        p.q.copy_(torch.randn(p.q.shape, generator=gen, device=DEVICE))
+        p.k_cache.copy_(torch.randn(p.k_cache.shape, generator=gen, device=DEVICE))
+        graph.replay()
+        replayed = (out.clone(), lse.clone())
+        run()
+        assert torch.equal(replayed[0], out) and torch.equal(replayed[1], lse)
