@@ -155,9 +155,9 @@ def make_cache_pair(spec: Spec, num_pages: int, gen: torch.Generator, device) ->
         return k, v
     # One buffer [pages, page_size, 2, Hkv + 1, max(D, Dv) + 8]: K at [:, :, 0], V at [:, :, 1], padded heads/dims.
     width = max(spec.head_dim, spec.head_dim_v) + 8
-    buf = torch.randn(
-        num_pages, spec.page_size, 2, spec.num_kv_heads + 1, width, generator=gen, device=device
-    ).to(spec.dtype)
+    buf = torch.randn(num_pages, spec.page_size, 2, spec.num_kv_heads + 1, width, generator=gen, device=device).to(
+        spec.dtype
+    )
     k = buf[:, :, 0, : spec.num_kv_heads, : spec.head_dim]
     v = buf[:, :, 1, 1:, : spec.head_dim_v]
     return k, v

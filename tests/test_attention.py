@@ -103,10 +103,30 @@ def test_merge_of_two_key_halves_equals_whole(spec, cut):
     table_b = torch.cat([p.block_table[:, cut:], p.block_table[:, :1].clone().fill_(-1)], dim=1)
     kw_b = {k: v for k, v in p.kwargs.items() if k != "sinks"}
     with _tiles(spec):
-        out_a, lse_a = tpa.paged_attention_with_lse(p.q, p.k_cache, p.v_cache, p.block_table, p.cu_seqlens_q,
-                                                    lens_a, p.max_seqlen_q, min(cut * ps, p.max_seqlen_k), spec.scale, **p.kwargs)
-        out_b, lse_b = tpa.paged_attention_with_lse(p.q, p.k_cache, p.v_cache, table_b, p.cu_seqlens_q, lens_b,
-                                                    p.max_seqlen_q, max(p.max_seqlen_k - cut * ps, 0), spec.scale, **kw_b)
+        out_a, lse_a = tpa.paged_attention_with_lse(
+            p.q,
+            p.k_cache,
+            p.v_cache,
+            p.block_table,
+            p.cu_seqlens_q,
+            lens_a,
+            p.max_seqlen_q,
+            min(cut * ps, p.max_seqlen_k),
+            spec.scale,
+            **p.kwargs,
+        )
+        out_b, lse_b = tpa.paged_attention_with_lse(
+            p.q,
+            p.k_cache,
+            p.v_cache,
+            table_b,
+            p.cu_seqlens_q,
+            lens_b,
+            p.max_seqlen_q,
+            max(p.max_seqlen_k - cut * ps, 0),
+            spec.scale,
+            **kw_b,
+        )
     n = p.num_real_tokens
     out, lse = tpa.merge_attn_states(out_a[:n], lse_a[:n], out_b[:n], lse_b[:n])
     # Both the whole and the merge are kernel results: allow twice the single-run rounding.

@@ -57,7 +57,10 @@ def test_writes_exactly_the_given_slots(case):
         v_cache = torch.randn(pages, ps, h, dv, generator=gen, device=DEVICE).to(case["cache_dtype"])
     scales = {}
     if case["scaled"]:
-        scales = {"k_scale": torch.tensor([0.25], device=DEVICE), "v_scale": torch.tensor([3.0], device=DEVICE)}
+        scales = {
+            "k_scale": torch.tensor([0.25], device=DEVICE),
+            "v_scale": torch.tensor([3.0], device=DEVICE),
+        }
     slot_mapping = torch.tensor(case["slots"], dtype=case["index_dtype"], device=DEVICE)
     k_ref, v_ref = k_cache.clone(), v_cache.clone()
     reference.reshape_and_cache(key, value, k_ref, v_ref, slot_mapping, **scales)

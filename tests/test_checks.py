@@ -41,8 +41,16 @@ BAD = [
     ("block_table", lambda a: a.update(block_table=a["block_table"].long()), "block_table must have dtype"),
     ("block_table", lambda a: a.update(block_table=a["block_table"][:, :1]), "block_table too narrow"),
     ("block_table", lambda a: a.update(block_table=a["block_table"][:1]), "block_table must have B=2 rows"),
-    ("cu_seqlens_q", lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][:2]), r"cu_seqlens_q must have B\+1=3"),
-    ("cu_seqlens_q", lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].long()), "cu_seqlens_q must have dtype"),
+    (
+        "cu_seqlens_q",
+        lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][:2]),
+        r"cu_seqlens_q must have B\+1=3",
+    ),
+    (
+        "cu_seqlens_q",
+        lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].long()),
+        "cu_seqlens_q must have dtype",
+    ),
     ("seq_lens", lambda a: a.update(seq_lens=a["seq_lens"].float()), "seq_lens must have dtype"),
     ("max_seqlen_k", lambda a: a.update(max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
     ("scale", lambda a: a.update(scale=float("nan")), "scale must be finite"),

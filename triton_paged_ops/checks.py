@@ -99,7 +99,10 @@ def check_attention_args(
     _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, last_contiguous=False)
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     num_pages, page_size, num_kv_heads, head_dim_k = k_cache.shape
-    _require(k_cache.dtype == v_cache.dtype, f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ")
+    _require(
+        k_cache.dtype == v_cache.dtype,
+        f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ",
+    )
     _require(
         tuple(v_cache.shape[:3]) == (num_pages, page_size, num_kv_heads),
         f"v_cache must be [num_pages={num_pages}, page_size={page_size}, Hkv={num_kv_heads}, Dv], "
@@ -147,7 +150,8 @@ def check_attention_outputs(q: torch.Tensor, v_cache: torch.Tensor, out: torch.T
     if lse is not None:
         _check_tensor("lse", lse, 2, (torch.float32,), q.device, last_contiguous=False)
         _require(
-            tuple(lse.shape) == expect[:2], f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}"
+            tuple(lse.shape) == expect[:2],
+            f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}",
         )
 
 
@@ -171,7 +175,8 @@ def debug_check_attention(
         f"cu_seqlens_q[-1]={int(cu[-1])} exceeds the token count of q ({q.shape[0]})",
     )
     _require(
-        bool((q_lens <= max_seqlen_q).all()), f"a query length exceeds max_seqlen_q={max_seqlen_q}: {q_lens.tolist()}"
+        bool((q_lens <= max_seqlen_q).all()),
+        f"a query length exceeds max_seqlen_q={max_seqlen_q}: {q_lens.tolist()}",
     )
     _require(bool((lens <= max_seqlen_k).all()), f"a seq_lens entry exceeds max_seqlen_k={max_seqlen_k}")
     _require(

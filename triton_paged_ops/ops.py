@@ -181,7 +181,8 @@ def _paged_attention_out_op(
 
 @torch.library.register_fake("tpa::paged_attention_out")
 def _(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal=True,
-      window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None, *, out, lse=None):  # fmt: skip
+      window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None, *, out,
+      lse=None):  # fmt: skip
     checks.check_attention_args(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, window_left,
         softcap, alibi_slopes, sinks, k_scale, v_scale,

@@ -1,0 +1,216 @@
+"""Benchmark suite: paged attention beside its same-run ceilings (dense SDPA and HBM bandwidth).
+
+Every case builds random (not zero) inputs with randomly permuted pages, checks the kernel's output against the
+reference on a few sequences first, then times CUDA-graph replays (median). In the same run it times dense
+``scaled_dot_product_attention`` on the same shapes (contiguous, unpaged) and a large device read, so each result
+carries its own ceilings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+import subprocess
+from collections.abc import Callable
+
+import torch
+
+from triton_paged_ops import api, reference
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    kv_lens: list[int]
+    q_len: int = 1
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    page_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+
+
+def _ragged_lengths(n: int, lo: int, hi: int, seed: int = 0) -> list[int]:
+    """Log-uniform lengths in [lo, hi]: many short sequences, a few long ones (a fixed draw, for comparability)."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=gen)
+    return [int(round(math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))))) for x in u.tolist()]
+
+
+def decode_cases() -> list[Case]:
+    return [
+        Case("B1x32k", [32768]),
+        Case("B8x4k", [4096] * 8),
+        Case("B32x4k", [4096] * 32),
+        Case("B64x8k", [8192] * 64),
+        Case("B256x2k", [2048] * 256),
+        Case("ragged96 128..8k", _ragged_lengths(96, 128, 8192)),
+        Case("Hq8/Hkv1 B64x4k", [4096] * 64, num_q_heads=8, num_kv_heads=1),
+        Case("B32x4k page1", [4096] * 32, page_size=1),
+        Case("B32x4k page64", [4096] * 32, page_size=64),
+        Case("B32x4k D64", [4096] * 32, head_dim=64),
+        Case("B32x4k D256", [4096] * 32, head_dim=256),
+    ]
+
+
+def time_graph(fn: Callable[[], object], inner: int = 20, reps: int = 30) -> float:
+    """Median µs of one ``fn`` call, from replays of a CUDA graph holding ``inner`` calls (warm-up outside)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(inner):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / inner)
+    return sorted(times)[len(times) // 2]
+
+
+def hbm_ceilings(gib: float = 2.0) -> dict[str, float]:
+    """Measured device bandwidth in TB/s: a large read (sum) and a large copy (read + write bytes)."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    acc = torch.empty((), device="cuda", dtype=torch.float32)
+    read_us = time_graph(lambda: torch.sum(src, dtype=torch.float32, out=acc), inner=5, reps=15)
+    copy_us = time_graph(lambda: dst.copy_(src), inner=5, reps=15)
+    return {"read_tbps": 2 * n / read_us / 1e6, "copy_tbps": 4 * n / copy_us / 1e6}
+
+
+@dataclasses.dataclass
+class Inputs:
+    args: tuple
+    out: torch.Tensor
+    kv_bytes: int
+    flops: float
+
+
+def build_inputs(case: Case, seed: int) -> Inputs:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    ps, hkv, d = case.page_size, case.num_kv_heads, case.head_dim
+    pages = [math.ceil(n / ps) for n in case.kv_lens]
+    num_pages = sum(pages)
+    k_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device="cuda").to(case.dtype)
+    v_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device="cuda").to(case.dtype)
+    perm = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
+    width = max(pages)
+    block_table = torch.zeros(len(pages), width, dtype=torch.int32, device="cuda")
+    offsets = [0, *torch.tensor(pages).cumsum(0).tolist()]
+    for b, n in enumerate(pages):
+        block_table[b, :n] = perm[offsets[b] : offsets[b] + n]
+    b = len(case.kv_lens)
+    q = torch.randn(b * case.q_len, case.num_q_heads, d, generator=gen, device="cuda").to(case.dtype)
+    cu = torch.arange(b + 1, device="cuda", dtype=torch.int32) * case.q_len
+    seq_lens = torch.tensor(case.kv_lens, dtype=torch.int32, device="cuda")
+    out = torch.empty(b * case.q_len, case.num_q_heads, d, device="cuda", dtype=case.dtype)
+    tokens = sum(case.kv_lens)
+    elem = torch.finfo(case.dtype).bits // 8
+    kv_bytes = 2 * tokens * hkv * d * elem
+    flops = 4.0 * tokens * case.q_len * case.num_q_heads * d
+    args = (q, k_cache, v_cache, block_table, cu, seq_lens, case.q_len, max(case.kv_lens), d**-0.5)
+    return Inputs(args, out, kv_bytes, flops)
+
+
+def check_case(inp: Inputs, max_seqs: int = 4) -> float:
+    """Relative L2 error of the kernel against the reference on up to ``max_seqs`` sequences (poisoned output)."""
+    q, k_cache, v_cache, block_table, cu, seq_lens, mq, mk, scale = inp.args
+    inp.out.fill_(float("nan"))
+    api.paged_attention_out(*inp.args, out=inp.out)
+    n_tok = int(cu[max_seqs]) if len(seq_lens) > max_seqs else q.shape[0]
+    sub = slice(0, min(max_seqs, len(seq_lens)))
+    ref = reference.paged_attention(q[:n_tok], k_cache, v_cache, block_table[sub], cu[: sub.stop + 1],
+                                    seq_lens[sub], scale)  # fmt: skip
+    got = inp.out[:n_tok].float()
+    if got.isnan().any():
+        return float("inf")
+    return float((got - ref.float()).norm() / ref.float().norm())
+
+
+def sdpa_dense_us(case: Case, seed: int) -> float:
+    """Dense contiguous SDPA on the same shapes; a ragged batch becomes a uniform one with the same KV tokens."""
+    b = len(case.kv_lens)
+    length = sum(case.kv_lens) // b
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, case.num_q_heads, case.q_len, case.head_dim, generator=gen, device="cuda").to(case.dtype)
+    k = torch.randn(b, case.num_kv_heads, length, case.head_dim, generator=gen, device="cuda").to(case.dtype)
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return time_graph(lambda: sdpa(q, k, v, enable_gqa=case.num_q_heads != case.num_kv_heads))
+
+
+def _git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True) -> dict:
+    """Run ``cases``; returns a JSON-ready dict with environment, ceilings and one record per (case, provider)."""
+    import triton
+
+    ceil = hbm_ceilings()
+    records = []
+    for i, case in enumerate(cases):
+        inp = build_inputs(case, seed + i)
+        err = check_case(inp)
+        us = time_graph(lambda inp=inp: api.paged_attention_out(*inp.args, out=inp.out))
+        shape = {
+            "B": len(case.kv_lens),
+            "kv_tokens": sum(case.kv_lens),
+            "q_len": case.q_len,
+            "Hq": case.num_q_heads,
+            "Hkv": case.num_kv_heads,
+            "D": case.head_dim,
+            "page_size": case.page_size,
+        }
+        base = {"case": case.name, "shape": shape, "dtype": str(case.dtype).replace("torch.", "")}
+        tbps = inp.kv_bytes / us / 1e6
+        records.append({**base, "provider": "tpa", "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
+                        "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip
+        del inp
+        if with_sdpa:
+            s_us = sdpa_dense_us(case, seed + i)
+            s_tbps = 2 * sum(case.kv_lens) // len(case.kv_lens) * len(case.kv_lens) * case.num_kv_heads
+            s_tbps = s_tbps * case.head_dim * (torch.finfo(case.dtype).bits // 8) / s_us / 1e6
+            records.append({**base, "provider": "sdpa_dense", "us": s_us, "kv_tbps": s_tbps,
+                            "tflops": 4.0 * sum(case.kv_lens) * case.q_len * case.num_q_heads * case.head_dim
+                            / s_us / 1e6, "frac_of_hbm_read": s_tbps / ceil["read_tbps"]})  # fmt: skip
+        torch.cuda.empty_cache()
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "git_sha": _git_sha(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "ceilings": ceil,
+        "records": records,
+    }
+
+
+def format_records(result: dict) -> str:
+    ceil = result["ceilings"]
+    lines = [
+        f"{result['gpu']}  torch {result['torch']}  triton {result['triton']}  "
+        f"HBM read {ceil['read_tbps']:.2f} TB/s, copy {ceil['copy_tbps']:.2f} TB/s",
+        f"{'case':<20} {'provider':<11} {'µs':>9} {'KV TB/s':>8} {'TFLOP/s':>8} {'of HBM':>7} {'rel err':>9}",
+    ]
+    for r in result["records"]:
+        err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
+        lines.append(f"{r['case']:<20} {r['provider']:<11} {r['us']:>9.1f} {r['kv_tbps']:>8.2f} "
+                     f"{r['tflops']:>8.1f} {r['frac_of_hbm_read']:>7.2f} {err:>9}")  # fmt: skip
+    return "\n".join(lines)
