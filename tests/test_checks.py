@@ -78,7 +78,7 @@ def test_bad_argument_is_named(name, mutate, message):
     ],
 )
 def test_bad_feature_argument_is_named(kw, message):
-    kw = {k: v.to(DEVICE) for k, v in kw.items()} if DEVICE != "cpu" else kw
+    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     with pytest.raises((ValueError, TypeError), match=message):
         call(good_args(), **kw)
 

@@ -86,7 +86,7 @@ def hbm_ceilings(gib: float = 2.0) -> dict[str, float]:
     src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     acc = torch.empty((), device="cuda", dtype=torch.float32)
-    read_us = time_graph(lambda: torch.sum(src, dtype=torch.float32, out=acc), inner=5, reps=15)
+    read_us = time_graph(lambda: torch.sum(src, dim=0, dtype=torch.float32, out=acc), inner=5, reps=15)
     copy_us = time_graph(lambda: dst.copy_(src), inner=5, reps=15)
     return {"read_tbps": 2 * n / read_us / 1e6, "copy_tbps": 4 * n / copy_us / 1e6}
 

@@ -37,7 +37,8 @@ def _store_rows(
     src = src_ptr + token.to(tl.int64) * stride_src_t + offs_h[:, None] * stride_src_h + offs_d[None, :]
     x = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     if HAS_SCALE:
-        x = x / tl.load(scale_ptr)
+        # Correctly rounded division: the fast approximate x / y would not match torch (or a re-quantisation) bitwise.
+        x = tl.math.div_rn(x, tl.load(scale_ptr))
     # int64: page * stride overflows int32 for caches past 2 G elements.
     dst = (
         dst_ptr
