@@ -13,6 +13,7 @@ import sys
 import torch
 
 from triton_paged_ops.bench import decode_cases, format_records, run_suite
+from triton_paged_ops.kernels.attention import attention_config_override
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", default=None, help="run only cases whose name contains one of these")
     p.add_argument("--no-sdpa", action="store_true", help="skip the dense SDPA comparison")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--config",
+        default=None,
+        help="force launch options, e.g. BLOCK_N=64,num_warps=4,num_stages=3,num_splits=8 (default: built-in choice)",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the decode benchmark needs a CUDA GPU", file=sys.stderr)
@@ -28,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = decode_cases()
     if args.only:
         cases = [c for c in cases if any(s in c.name for s in args.only)]
-    result = run_suite(cases, seed=args.seed, with_sdpa=not args.no_sdpa)
+    forced = dict(kv.split("=") for kv in args.config.split(",")) if args.config else {}
+    with attention_config_override(**{k: int(v) for k, v in forced.items()}):
+        result = run_suite(cases, seed=args.seed, with_sdpa=not args.no_sdpa)
+    result["config"] = forced
     result["command"] = "python -m benchmarks.decode " + " ".join(argv if argv is not None else sys.argv[1:])
     print(format_records(result))
     if args.out:

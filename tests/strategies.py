@@ -39,6 +39,7 @@ class Spec:
     extra_cols: int
     tiles: tuple[int, int] | None
     seed: int
+    num_splits: int | None = None  # force split-KV segments (None: the planner decides)
 
 
 @dataclasses.dataclass
@@ -142,6 +143,7 @@ def specs(
         extra_cols=draw(st.integers(0, 3)),
         tiles=tiles,
         seed=draw(st.integers(0, 2**31 - 1)),
+        num_splits=draw(st.one_of(st.none(), st.integers(2, 9))),
     )
 
 

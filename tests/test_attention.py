@@ -32,10 +32,14 @@ TOLERANCE = {
 }
 
 
-def _tiles(spec: Spec):
-    if spec.tiles is None:
-        return contextlib.nullcontext()
-    return attention_config_override(BLOCK_M=spec.tiles[0], BLOCK_N=spec.tiles[1])
+def _tiles(spec: Spec, num_splits: int | None = None):
+    """Launch options the spec forces: tile sizes and/or the split-KV segment count."""
+    cfg = {}
+    if spec.tiles is not None:
+        cfg.update(BLOCK_M=spec.tiles[0], BLOCK_N=spec.tiles[1])
+    if (num_splits or spec.num_splits) is not None:
+        cfg["num_splits"] = num_splits or spec.num_splits
+    return attention_config_override(**cfg) if cfg else contextlib.nullcontext()
 
 
 def assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, rows):
@@ -138,7 +142,8 @@ def test_merge_of_two_key_halves_equals_whole(spec, cut):
 
 @given(spec=specs(dtypes=DTYPES, max_seqs=5, max_work=MAX_WORK), pick=st.integers(0, 7))
 def test_sequence_output_independent_of_batch(spec, pick):
-    """A sequence's output is bit-for-bit the same alone as inside the batch (same host-side bounds)."""
+    """A sequence's output is bit-for-bit the same alone as inside the batch (same bounds and split plan)."""
+    spec.num_splits = spec.num_splits or 1  # the planner would otherwise pick by batch size
     p = build(spec, DEVICE)
     b = pick % len(spec.q_lens)
     out, _ = run_out_variant(p)
@@ -150,6 +155,30 @@ def test_sequence_output_independent_of_batch(spec, pick):
                                 p.seq_lens[b : b + 1], p.max_seqlen_q, p.max_seqlen_k, spec.scale, **p.kwargs,
                                 out=alone)  # fmt: skip
     assert torch.equal(alone, out[lo:hi])
+
+
+@pytest.mark.parametrize(
+    "page_size,num_splits,block_n",
+    [
+        (16, 4, 16),  # segments a whole number of pages: edges on page edges
+        (7, 5, 32),  # segment edges inside pages
+        (1, 9, 16),  # token-level pages, more segments than most sequences fill
+        (64, 3, 64),  # a segment shorter than a page
+    ],
+)
+def test_split_kv_boundaries(page_size, num_splits, block_n):
+    """Split-KV around its edges: 1-token sequences beside long ones, segments longer than whole sequences, empty
+    segments, sinks (counted once), every sequence's last tile partial."""
+    long = 4000 if DEVICE == "cpu" else 32768
+    spec = Spec(q_lens=[1, 1, 2, 1, 4], kv_lens=[1, long, 17, page_size * 3, 161], pad_tokens=2, page_size=page_size,
+                num_kv_heads=1, group=4, head_dim=64, head_dim_v=64, dtype=torch.float32, causal=True, window_left=-1,
+                softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False,
+                spare_pages=1, extra_cols=0, tiles=(16, block_n), seed=page_size, num_splits=num_splits)  # fmt: skip
+    p = build(spec, DEVICE)
+    out, lse = run_out_variant(p)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+    assert out[p.num_real_tokens :].isnan().all()
 
 
 @pytest.mark.gpu

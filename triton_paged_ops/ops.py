@@ -48,8 +48,8 @@ def _attention_into(
         checks.debug_check_attention(q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k)
     if _use_kernels(q):
         _launch_paged_attention(
-            q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, scale, causal, window_left,
-            softcap, alibi_slopes, sinks, k_scale, v_scale, out, lse, INTERPRET,
+            q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, out, lse, INTERPRET,
         )  # fmt: skip
         return
     ref_out, ref_lse = reference.paged_attention_with_lse(

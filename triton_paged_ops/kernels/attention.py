@@ -13,6 +13,9 @@ Program ids
   depends on shapes only (static under CUDA graphs); programs past a sequence's last block exit at once.
 * axis 1: a KV head. The tile's ``BLOCK_M`` rows are ``BLOCK_Q`` tokens x the ``GROUP`` query heads that share
   this KV head (GQA packing), so each K/V tile is loaded once for the whole group.
+* axis 2: a KV segment (split-KV, short queries only). Segment ``s`` covers keys ``[s * segment_len,
+  (s + 1) * segment_len)``; each writes a partial (out, lse) to a workspace and ``_reduce_splits_kernel`` merges
+  them exactly. Without split-KV this axis has size 1 and the kernel writes the final output directly.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
+
+from triton_paged_ops.kernels.merge import _launch_reduce_splits
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, forced_split_plan, num_sms_of, plan_splits
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
@@ -142,12 +148,12 @@ _config_override: dict[str, int] | None = None
 
 @contextlib.contextmanager
 def attention_config_override(**cfg: int) -> Iterator[None]:
-    """Force launch options (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``) inside a ``with`` block.
+    """Force launch options (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``num_splits``) in a block.
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
     global _config_override
-    unknown = set(cfg) - {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
+    unknown = set(cfg) - {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "num_splits"}
     if unknown:
         raise ValueError(f"unknown attention config keys: {sorted(unknown)}")
     previous, _config_override = _config_override, cfg
@@ -171,10 +177,12 @@ def select_attention_config(
         cfg = {"BLOCK_M": max(128, group_pad), "BLOCK_N": 128, "num_warps": 4, "num_stages": 1}
     else:
         if max_seqlen_q * group <= 16:
-            block_m = max(16, group_pad)  # decode: one token's packed heads per tile
+            # Decode: one token's packed heads per tile. Memory-bound, so wide KV tiles keep more bytes in flight.
+            block_m, block_n = max(16, group_pad), 64 if head_dim_pad > 128 else 128
+        elif max_seqlen_q <= MAX_SPLIT_Q_LEN:
+            block_m, block_n = max(64, group_pad), 64  # short queries (speculative verification)
         else:
-            block_m = max(64 if head_dim_pad > 128 else 128, group_pad)
-        block_n = 32 if head_dim_pad > 128 else 64
+            block_m, block_n = max(64 if head_dim_pad > 128 else 128, group_pad), 32 if head_dim_pad > 128 else 64
         num_warps = 4 if block_m <= 64 else 8
         cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
     if _config_override:
@@ -213,11 +221,14 @@ def _paged_attention_kernel(
     stride_v_page,
     stride_v_slot,
     stride_v_head,
+    stride_o_split,
     stride_o_t,
     stride_o_h,
+    stride_lse_split,
     stride_lse_t,
     stride_lse_h,
     stride_bt_b,
+    segment_len,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
@@ -235,12 +246,14 @@ def _paged_attention_kernel(
     HAS_K_SCALE: tl.constexpr,
     HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    SPLIT_KV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
     block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
+    split = tl.program_id(2)
 
     seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
@@ -278,8 +291,10 @@ def _paged_attention_kernel(
 
     if HAS_SINKS:
         # The sink is a logit with no value: start the running max at it with a denominator of exp(0) = 1.
-        m_i = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
-        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        # Under split-KV only segment 0 counts it, so the merge sees it once.
+        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        m_i = tl.where(split == 0, sink, float("-inf"))
+        l_i = tl.where(split == 0, 1.0, tl.zeros([BLOCK_M], dtype=tl.float32))
     else:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -294,6 +309,10 @@ def _paged_attention_kernel(
     if HAS_WINDOW:
         kv_lo = tl.maximum(0, context_len + q_block * BLOCK_Q - window_left)
         kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
+    if SPLIT_KV:
+        # segment_len is a multiple of BLOCK_N, so segment edges are tile edges.
+        kv_lo = tl.maximum(kv_lo, split * segment_len)
+        kv_hi = tl.minimum(kv_hi, (split + 1) * segment_len)
 
     bt_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_b
     for start_n in range(kv_lo, kv_hi, BLOCK_N):
@@ -310,6 +329,9 @@ def _paged_attention_kernel(
     out = acc / l_safe[:, None]
     if HAS_V_SCALE:
         out = out * tl.load(v_scale_ptr)
+    # Partial results of a segment go to its own workspace slice; empty segments write out = 0, lse = -inf.
+    out_ptr += split.to(tl.int64) * stride_o_split
+    lse_ptr += split.to(tl.int64) * stride_lse_split
     o_row = (q_start + q_tok).to(tl.int64) * stride_o_t + q_head * stride_o_h
     tl.store(
         out_ptr + o_row[:, None] + offs_dv[None, :],
@@ -330,6 +352,7 @@ def _launch_paged_attention(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     max_seqlen_q: int,
+    max_seqlen_k: int,
     scale: float,
     causal: bool,
     window_left: int,
@@ -345,19 +368,25 @@ def _launch_paged_attention(
     """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
-    head_dim_v = v_cache.shape[-1]
+    head_dim_v, num_seqs = v_cache.shape[-1], seq_lens.shape[0]
+    if num_seqs == 0 or num_tokens == 0:
+        return
     group = num_q_heads // num_kv_heads
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
     cfg = select_attention_config(head_dim_pad, group, q.dtype, max_seqlen_q, interpret)
     block_q = max(1, cfg["BLOCK_M"] // group)
-    num_seqs = seq_lens.shape[0]
-    if num_seqs == 0 or num_tokens == 0:
-        return
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
-    lse_arg = lse if lse is not None else out
-    # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
+    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms_of(q.device))
+    if "num_splits" in cfg:
+        plan = forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
+    dst_out, dst_lse = out, lse if lse is not None else out
+    if plan.num_splits > 1:
+        dst_out = q.new_empty(plan.num_splits, num_tokens, num_q_heads, head_dim_v, dtype=torch.float32)
+        dst_lse = q.new_empty(plan.num_splits, num_tokens, num_q_heads, dtype=torch.float32)
+    o_strides = dst_out.stride() if plan.num_splits > 1 else (0, *out.stride()[:2])
+    l_strides = dst_lse.stride() if plan.num_splits > 1 else (0, *dst_lse.stride()[:2])
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads, plan.num_splits)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, out, lse_arg, block_table, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, dst_out, dst_lse, block_table, cu_seqlens_q, seq_lens,
         alibi_slopes if alibi_slopes is not None else q,
         sinks if sinks is not None else q,
         k_scale if k_scale is not None else q,
@@ -366,14 +395,17 @@ def _launch_paged_attention(
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        out.stride(0), out.stride(1),
-        lse_arg.stride(0), lse_arg.stride(1), block_table.stride(0),
+        *o_strides[:3], *l_strides[:3], block_table.stride(0), plan.segment_len,
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=max(16, triton.next_power_of_2(head_dim_v)), PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
-        WRITE_LSE=lse is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
+        WRITE_LSE=lse is not None or plan.num_splits > 1, SPLIT_KV=plan.num_splits > 1,
+        # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
+    if plan.num_splits > 1:
+        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse)

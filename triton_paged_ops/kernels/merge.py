@@ -75,3 +75,82 @@ def _launch_merge_attn_states(
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=1,
     )  # fmt: skip
+
+
+@triton.jit
+def _reduce_splits_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    lse_ptr,
+    cu_seqlens_q_ptr,
+    num_seqs,
+    num_splits,
+    stride_po_s,
+    stride_po_t,
+    stride_po_h,
+    stride_pl_s,
+    stride_pl_t,
+    stride_pl_h,
+    stride_o_t,
+    stride_o_h,
+    stride_l_t,
+    stride_l_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """Merge the split-KV partials of one (token, head): program ids (token, head)."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    # Rows past the last sequence are padding: nothing wrote their partials, and the output contract leaves them.
+    if token >= tl.load(cu_seqlens_q_ptr + num_seqs):
+        return
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    lse = tl.load(
+        part_lse_ptr + offs_s * stride_pl_s + token * stride_pl_t + head * stride_pl_h,
+        mask=s_mask,
+        other=float("-inf"),
+    )
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)  # every segment empty: weights exp(-inf) = 0, not NaN
+    w = tl.exp(lse - m_safe)
+    total = tl.sum(w, 0)
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    parts = tl.load(
+        part_out_ptr
+        + offs_s[:, None].to(tl.int64) * stride_po_s
+        + token * stride_po_t
+        + head * stride_po_h
+        + offs_d[None, :],
+        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+    out = tl.sum(parts * w[:, None], 0) / total_safe
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)  # fmt: skip
+    if WRITE_LSE:
+        lse_out = tl.where(total > 0.0, m_safe + tl.log(total_safe), float("-inf"))
+        tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse_out)
+
+
+def _launch_reduce_splits(
+    part_out: torch.Tensor,
+    part_lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    num_seqs: int,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (natural log) into ``out`` and ``lse``."""
+    num_splits, num_tokens, num_heads, head_dim = part_out.shape
+    lse_arg = lse if lse is not None else part_lse[0]
+    _reduce_splits_kernel[(num_tokens, num_heads)](
+        part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
+        *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        WRITE_LSE=lse is not None, num_warps=4,
+    )  # fmt: skip

@@ -1,0 +1,46 @@
+"""The split-KV planner: a pure function of shapes and host-side bounds."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, MAX_SPLITS, forced_split_plan, plan_splits
+
+
+@given(
+    num_seqs=st.integers(1, 1024),
+    num_kv_heads=st.sampled_from((1, 2, 4, 8, 16)),
+    max_seqlen_q=st.integers(1, 64),
+    max_seqlen_k=st.integers(0, 200_000),
+    block_n=st.sampled_from((16, 32, 64, 128)),
+    num_sms=st.sampled_from((78, 108, 132, 304)),
+)
+def test_plan_covers_every_key_with_whole_tiles(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms):
+    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms)
+    assert 1 <= plan.num_splits <= MAX_SPLITS
+    if plan.num_splits > 1:
+        assert max_seqlen_q <= MAX_SPLIT_Q_LEN
+        assert plan.segment_len % block_n == 0
+        # Every key below the bound falls in some segment, and no segment is wholly past the bound.
+        assert plan.num_splits * plan.segment_len >= max_seqlen_k
+        assert (plan.num_splits - 1) * plan.segment_len < max_seqlen_k
+
+
+def test_plan_fills_the_gpu_only_when_needed():
+    small = plan_splits(1, 8, 1, 32768, 64, 132)  # 8 programs without splitting
+    assert small.num_splits >= 32
+    big = plan_splits(256, 8, 1, 2048, 64, 132)  # 2048 programs already
+    assert big.num_splits == 1
+    prefill = plan_splits(1, 8, 512, 32768, 64, 132)
+    assert prefill.num_splits == 1
+    short = plan_splits(4, 8, 1, 300, 64, 132)  # too short to be worth a merge
+    assert short.num_splits == 1
+
+
+@given(num_splits=st.integers(1, 100), max_seqlen_k=st.integers(0, 100_000), block_n=st.sampled_from((16, 64)))
+def test_forced_plan_respects_tiles(num_splits, max_seqlen_k, block_n):
+    plan = forced_split_plan(num_splits, max_seqlen_k, block_n)
+    assert plan.num_splits <= max(1, num_splits)
+    if plan.num_splits > 1:
+        assert plan.segment_len % block_n == 0 and plan.num_splits * plan.segment_len >= max_seqlen_k

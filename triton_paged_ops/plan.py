@@ -1,0 +1,75 @@
+"""Host-side planning: how many KV segments each (sequence, KV head) of a short-query batch is cut into.
+
+Decode reads each sequence's whole KV once; with few sequences there are too few (sequence, KV head) programs to
+keep every SM's memory pipeline busy, so the KV range is cut into segments ("split-KV") processed by separate
+programs and merged exactly afterwards. The plan depends on shapes and host-side bounds only (batch size, heads,
+``max_seqlen_k``, SM count) — never on device data — so it is fixed for a CUDA-graph capture and replays correctly
+with any lengths below the bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+MAX_SPLITS = 64
+# Queries up to this long per sequence (decode, speculative verification) may use split-KV.
+MAX_SPLIT_Q_LEN = 16
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitPlan:
+    """``num_splits`` segments of ``segment_len`` keys each (a multiple of the KV tile); 1 means no split."""
+
+    num_splits: int
+    segment_len: int
+
+
+def plan_splits(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    block_n: int,
+    num_sms: int,
+    programs_per_sm: int = 4,
+    min_segment: int = 256,
+) -> SplitPlan:
+    """Choose the KV segment length so that ``num_seqs * num_kv_heads * splits`` programs fill the GPU.
+
+    Segments are at least ``min_segment`` keys so the merge never costs more than a small fraction of the KV read;
+    sequences shorter than ``max_seqlen_k`` simply use fewer segments (their other programs exit at once).
+    """
+    if max_seqlen_q > MAX_SPLIT_Q_LEN or max_seqlen_k <= 0:
+        return SplitPlan(1, 0)
+    base = max(1, num_seqs * num_kv_heads)
+    want = -(-num_sms * programs_per_sm // base)
+    by_length = max(1, max_seqlen_k // min_segment)
+    splits = max(1, min(want, by_length, MAX_SPLITS))
+    if splits == 1:
+        return SplitPlan(1, 0)
+    segment = -(-max_seqlen_k // splits)
+    segment = -(-segment // block_n) * block_n
+    return SplitPlan(-(-max_seqlen_k // segment), segment)
+
+
+def num_sms_of(device: torch.device) -> int:
+    """Streaming multiprocessors (or compute units) of ``device``; a nominal 132 elsewhere (interpreter runs)."""
+    if device.type == "cuda":
+        return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> SplitPlan:
+    """The plan for a caller-chosen split count (tuning, tests); segments stay multiples of ``block_n``."""
+    if num_splits <= 1 or max_seqlen_k <= 0:
+        return SplitPlan(1, 0)
+    segment = -(-max(1, -(-max_seqlen_k // num_splits)) // block_n) * block_n
+    return SplitPlan(-(-max_seqlen_k // segment), segment)
