@@ -32,6 +32,8 @@ def test_plan_fills_the_gpu_only_when_needed():
     assert small.num_splits >= 32
     big = plan_splits(256, 8, 1, 2048, 64, 132)  # 2048 programs already
     assert big.num_splits == 1
+    ragged = plan_splits(96, 8, 1, 8192, 64, 132)  # enough programs, but the longest rows would finish last
+    assert ragged.num_splits >= 4
     prefill = plan_splits(1, 8, 512, 32768, 64, 132)
     assert prefill.num_splits == 1
     short = plan_splits(4, 8, 1, 300, 64, 132)  # too short to be worth a merge

@@ -41,16 +41,19 @@ def plan_splits(
     num_sms: int,
     programs_per_sm: int = 4,
     min_segment: int = 256,
+    max_segment: int = 2048,
 ) -> SplitPlan:
     """Choose the KV segment length so that ``num_seqs * num_kv_heads * splits`` programs fill the GPU.
 
-    Segments are at least ``min_segment`` keys so the merge never costs more than a small fraction of the KV read;
-    sequences shorter than ``max_seqlen_k`` simply use fewer segments (their other programs exit at once).
+    Segments are at least ``min_segment`` keys so the merge never costs more than a small fraction of the KV read,
+    and at most ``max_segment`` keys so that in a ragged batch the few longest sequences are spread over several
+    programs instead of finishing last; sequences shorter than ``max_seqlen_k`` simply use fewer segments (their
+    other programs exit at once).
     """
     if max_seqlen_q > MAX_SPLIT_Q_LEN or max_seqlen_k <= 0:
         return SplitPlan(1, 0)
     base = max(1, num_seqs * num_kv_heads)
-    want = -(-num_sms * programs_per_sm // base)
+    want = max(-(-num_sms * programs_per_sm // base), -(-max_seqlen_k // max_segment))
     by_length = max(1, max_seqlen_k // min_segment)
     splits = max(1, min(want, by_length, MAX_SPLITS))
     if splits == 1:
