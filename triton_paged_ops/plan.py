@@ -39,7 +39,7 @@ def plan_splits(
     max_seqlen_k: int,
     block_n: int,
     num_sms: int,
-    programs_per_sm: int = 4,
+    programs_per_sm: int = 2,
     min_segment: int = 256,
     max_segment: int = 2048,
 ) -> SplitPlan:

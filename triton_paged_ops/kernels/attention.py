@@ -8,14 +8,15 @@ where K_b, V_b are gathered from a paged cache through ``block_table[b]``.
 
 Program ids
 -----------
-* axis 0: a query block, i.e. ``BLOCK_Q`` consecutive new tokens of one sequence. Sequence ``b`` owns the
-  blocks ``cu_seqlens_q[b] // BLOCK_Q + b`` onwards, so the grid ``T // BLOCK_Q + B`` is an upper bound that
-  depends on shapes only (static under CUDA graphs); programs past a sequence's last block exit at once.
+* axis 0: (query block, KV segment), segment fastest. A query block is ``BLOCK_Q`` consecutive new tokens of one
+  sequence. Sequence ``b`` owns the blocks ``cu_seqlens_q[b] // BLOCK_Q + b`` onwards, so ``T // BLOCK_Q + B``
+  blocks bound them all using shapes only (static under CUDA graphs); programs past a sequence's last block exit at
+  once. When every sequence fits one block (decode), block ``b`` is simply sequence ``b``.
+  Segment ``s`` (split-KV, short queries) covers keys ``[s * segment_len, (s + 1) * segment_len)`` and writes a
+  partial (out, lse) to a workspace that ``_reduce_splits_kernel`` merges exactly; with one segment the kernel
+  writes the final output directly.
 * axis 1: a KV head. The tile's ``BLOCK_M`` rows are ``BLOCK_Q`` tokens x the ``GROUP`` query heads that share
   this KV head (GQA packing), so each K/V tile is loaded once for the whole group.
-* axis 2: a KV segment (split-KV, short queries only). Segment ``s`` covers keys ``[s * segment_len,
-  (s + 1) * segment_len)``; each writes a partial (out, lse) to a workspace and ``_reduce_splits_kernel`` merges
-  them exactly. Without split-KV this axis has size 1 and the kernel writes the final output directly.
 """
 
 from __future__ import annotations
@@ -229,6 +230,7 @@ def _paged_attention_kernel(
     stride_lse_h,
     stride_bt_b,
     segment_len,
+    num_splits,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
@@ -247,18 +249,27 @@ def _paged_attention_kernel(
     HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     SPLIT_KV: tl.constexpr,
+    ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
-    block_id = tl.program_id(0)
+    # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
+    # instead of trailing after every other sequence's first segment.
+    block_id = tl.program_id(0) // num_splits
+    split = tl.program_id(0) % num_splits
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
 
-    seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
+    if ONE_BLOCK_PER_SEQ:
+        # Every sequence fits one query block (decode): block b is sequence b, no search needed.
+        seq = block_id
+        q_block = 0
+    else:
+        seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.minimum(tl.load(cu_seqlens_q_ptr + seq + 1), num_tokens) - q_start
-    q_block = block_id - (q_start // BLOCK_Q + seq)
+    if not ONE_BLOCK_PER_SEQ:
+        q_block = block_id - (q_start // BLOCK_Q + seq)
     if q_block * BLOCK_Q >= q_len:
         return
     # Never read past the block table row, whatever seq_lens says.
@@ -384,7 +395,10 @@ def _launch_paged_attention(
         dst_lse = q.new_empty(plan.num_splits, num_tokens, num_q_heads, dtype=torch.float32)
     o_strides = dst_out.stride() if plan.num_splits > 1 else (0, *out.stride()[:2])
     l_strides = dst_lse.stride() if plan.num_splits > 1 else (0, *dst_lse.stride()[:2])
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, plan.num_splits)
+    # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
+    one_block = max_seqlen_q <= block_q
+    num_blocks = num_seqs if one_block else num_tokens // block_q + num_seqs
+    grid = (num_blocks * plan.num_splits, num_kv_heads)
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, dst_out, dst_lse, block_table, cu_seqlens_q, seq_lens,
         alibi_slopes if alibi_slopes is not None else q,
@@ -395,7 +409,7 @@ def _launch_paged_attention(
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *o_strides[:3], *l_strides[:3], block_table.stride(0), plan.segment_len,
+        *o_strides[:3], *l_strides[:3], block_table.stride(0), plan.segment_len, plan.num_splits,
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=max(16, triton.next_power_of_2(head_dim_v)), PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
@@ -403,6 +417,7 @@ def _launch_paged_attention(
         HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
         WRITE_LSE=lse is not None or plan.num_splits > 1, SPLIT_KV=plan.num_splits > 1,
+        ONE_BLOCK_PER_SEQ=one_block,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
