@@ -36,7 +36,7 @@ def test_plan_fills_the_gpu_only_when_needed():
     assert ragged.num_splits >= 4
     prefill = plan_splits(1, 8, 512, 32768, 64, 132)
     assert prefill.num_splits == 1
-    short = plan_splits(4, 8, 1, 300, 64, 132)  # too short to be worth a merge
+    short = plan_splits(4, 8, 1, 1000, 64, 132)  # too short to be worth a merge
     assert short.num_splits == 1
 
 

@@ -152,6 +152,21 @@ def sdpa_dense_us(case: Case, seed: int) -> float:
     return time_graph(lambda: sdpa(q, k, v, enable_gqa=case.num_q_heads != case.num_kv_heads))
 
 
+def host_overhead_us(calls: int = 300) -> float:
+    """Eager wall time of one small decode call (Python, checks, launch): GPU work is too small to matter."""
+    import time
+
+    inp = build_inputs(Case("overhead", [256] * 4), seed=0)
+    for _ in range(10):
+        api.paged_attention_out(*inp.args, out=inp.out)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        api.paged_attention_out(*inp.args, out=inp.out)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def _git_sha() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -198,6 +213,7 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True) -> dict:
         "git_sha": _git_sha(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ceilings": ceil,
+        "eager_host_overhead_us": host_overhead_us(),
         "records": records,
     }
 
@@ -206,7 +222,8 @@ def format_records(result: dict) -> str:
     ceil = result["ceilings"]
     lines = [
         f"{result['gpu']}  torch {result['torch']}  triton {result['triton']}  "
-        f"HBM read {ceil['read_tbps']:.2f} TB/s, copy {ceil['copy_tbps']:.2f} TB/s",
+        f"HBM read {ceil['read_tbps']:.2f} TB/s, copy {ceil['copy_tbps']:.2f} TB/s; "
+        f"eager decode call {result['eager_host_overhead_us']:.1f} µs",
         f"{'case':<20} {'provider':<11} {'µs':>9} {'KV TB/s':>8} {'TFLOP/s':>8} {'of HBM':>7} {'rel err':>9}",
     ]
     for r in result["records"]:

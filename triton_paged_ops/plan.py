@@ -39,13 +39,13 @@ def plan_splits(
     max_seqlen_k: int,
     block_n: int,
     num_sms: int,
-    programs_per_sm: int = 2,
-    min_segment: int = 256,
+    programs_per_sm: int = 4,
+    min_segment: int = 1024,
     max_segment: int = 2048,
 ) -> SplitPlan:
     """Choose the KV segment length so that ``num_seqs * num_kv_heads * splits`` programs fill the GPU.
 
-    Segments are at least ``min_segment`` keys so the merge never costs more than a small fraction of the KV read,
+    Segments are at least ``min_segment`` keys (shorter loops are dominated by their start-up latency and the merge),
     and at most ``max_segment`` keys so that in a ragged batch the few longest sequences are spread over several
     programs instead of finishing last; sequences shorter than ``max_seqlen_k`` simply use fewer segments (their
     other programs exit at once).
