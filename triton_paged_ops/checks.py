@@ -9,6 +9,7 @@ device-to-host sync, which CUDA graphs forbid and serving cannot afford; they ru
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -29,9 +30,10 @@ def debug_mode() -> bool:
     return _debug
 
 
-def _require(cond: bool, msg: str) -> None:
+def _require(cond: bool, msg: Callable[[], str]) -> None:
+    # The message is built only on failure: formatting every message eagerly cost tens of µs per call.
     if not cond:
-        raise ValueError(msg)
+        raise ValueError(msg())
 
 
 def _check_tensor(
@@ -44,19 +46,21 @@ def _check_tensor(
 ) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _require(t.dim() == ndim, f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    _require(t.dim() == ndim, lambda: f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    _require(t.device == device, f"{name} is on {t.device} but q is on {device}; all tensors must share a device")
+    _require(
+        t.device == device, lambda: f"{name} is on {t.device} but q is on {device}; all tensors must share a device"
+    )
     if last_contiguous and t.shape[-1] > 1:
-        _require(t.stride(-1) == 1, f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+        _require(t.stride(-1) == 1, lambda: f"{name} must be contiguous in its last dim, got strides {t.stride()}")
 
 
 def _check_per_head(name: str, t: torch.Tensor | None, num_q_heads: int, device: torch.device) -> None:
     if t is None:
         return
     _check_tensor(name, t, 1, (torch.float32,), device, last_contiguous=False)
-    _require(t.shape[0] == num_q_heads, f"{name} must have shape [Hq={num_q_heads}], got {tuple(t.shape)}")
+    _require(t.shape[0] == num_q_heads, lambda: f"{name} must have shape [Hq={num_q_heads}], got {tuple(t.shape)}")
 
 
 def _check_scale_tensor(name: str, t: torch.Tensor | None, device: torch.device) -> None:
@@ -64,10 +68,10 @@ def _check_scale_tensor(name: str, t: torch.Tensor | None, device: torch.device)
         return
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a 1-element float32 tensor, got {type(t).__name__}")
-    _require(t.numel() == 1, f"{name} must have exactly 1 element, got shape {tuple(t.shape)}")
+    _require(t.numel() == 1, lambda: f"{name} must have exactly 1 element, got shape {tuple(t.shape)}")
     if t.dtype != torch.float32:
         raise TypeError(f"{name} must be float32, got {t.dtype}")
-    _require(t.device == device, f"{name} is on {t.device} but q is on {device}")
+    _require(t.device == device, lambda: f"{name} is on {t.device} but q is on {device}")
 
 
 def check_attention_args(
@@ -101,41 +105,52 @@ def check_attention_args(
     num_pages, page_size, num_kv_heads, head_dim_k = k_cache.shape
     _require(
         k_cache.dtype == v_cache.dtype,
-        f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ",
+        lambda: f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ",
     )
     _require(
         tuple(v_cache.shape[:3]) == (num_pages, page_size, num_kv_heads),
-        f"v_cache must be [num_pages={num_pages}, page_size={page_size}, Hkv={num_kv_heads}, Dv], "
-        f"got {tuple(v_cache.shape)}",
+        lambda: (
+            f"v_cache must be [num_pages={num_pages}, page_size={page_size}, Hkv={num_kv_heads}, Dv], "
+            f"got {tuple(v_cache.shape)}"
+        ),
     )
-    _require(page_size >= 1 and num_pages >= 1, f"k_cache must hold at least one page, got {tuple(k_cache.shape)}")
-    _require(num_kv_heads >= 1, "k_cache must have at least one KV head")
+    _require(
+        page_size >= 1 and num_pages >= 1, lambda: f"k_cache must hold at least one page, got {tuple(k_cache.shape)}"
+    )
+    _require(num_kv_heads >= 1, lambda: "k_cache must have at least one KV head")
     _require(
         num_q_heads % num_kv_heads == 0,
-        f"q's head count Hq={num_q_heads} must be divisible by k_cache's Hkv={num_kv_heads}",
+        lambda: f"q's head count Hq={num_q_heads} must be divisible by k_cache's Hkv={num_kv_heads}",
     )
-    _require(head_dim == head_dim_k, f"head-dim mismatch: q has D={head_dim}, k_cache has D={head_dim_k}")
-    _require(1 <= head_dim <= MAX_HEAD_DIM, f"q head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    _require(head_dim == head_dim_k, lambda: f"head-dim mismatch: q has D={head_dim}, k_cache has D={head_dim_k}")
+    _require(1 <= head_dim <= MAX_HEAD_DIM, lambda: f"q head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
     head_dim_v = v_cache.shape[3]
-    _require(1 <= head_dim_v <= MAX_HEAD_DIM, f"v_cache head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim_v}")
+    _require(
+        1 <= head_dim_v <= MAX_HEAD_DIM, lambda: f"v_cache head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim_v}"
+    )
     batch = seq_lens.shape[0]
     _require(
         cu_seqlens_q.shape[0] == batch + 1,
-        f"cu_seqlens_q must have B+1={batch + 1} entries (B = len(seq_lens)), got {cu_seqlens_q.shape[0]}",
+        lambda: f"cu_seqlens_q must have B+1={batch + 1} entries (B = len(seq_lens)), got {cu_seqlens_q.shape[0]}",
     )
     _require(
         block_table.shape[0] == batch,
-        f"block_table must have B={batch} rows (B = len(seq_lens)), got {block_table.shape[0]}",
+        lambda: f"block_table must have B={batch} rows (B = len(seq_lens)), got {block_table.shape[0]}",
     )
-    _require(max_seqlen_q >= 0, f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
-    _require(max_seqlen_k >= 0, f"max_seqlen_k must be >= 0, got {max_seqlen_k}")
+    _require(max_seqlen_q >= 0, lambda: f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
+    _require(max_seqlen_k >= 0, lambda: f"max_seqlen_k must be >= 0, got {max_seqlen_k}")
     _require(
         block_table.shape[1] * page_size >= max_seqlen_k,
-        f"block_table too narrow: {block_table.shape[1]} pages x page_size {page_size} < max_seqlen_k={max_seqlen_k}",
+        lambda: (
+            f"block_table too narrow: {block_table.shape[1]} pages x page_size {page_size} "
+            f"< max_seqlen_k={max_seqlen_k}"
+        ),
     )
-    _require(scale == scale and abs(scale) != float("inf"), f"scale must be finite, got {scale}")
-    _require(window_left >= -1, f"window_left must be -1 (no window) or >= 0, got {window_left}")
-    _require(softcap >= 0.0 and softcap != float("inf"), f"softcap must be 0 (off) or a finite > 0, got {softcap}")
+    _require(scale == scale and abs(scale) != float("inf"), lambda: f"scale must be finite, got {scale}")
+    _require(window_left >= -1, lambda: f"window_left must be -1 (no window) or >= 0, got {window_left}")
+    _require(
+        softcap >= 0.0 and softcap != float("inf"), lambda: f"softcap must be 0 (off) or a finite > 0, got {softcap}"
+    )
     _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, dev)
     _check_per_head("sinks", sinks, num_q_heads, dev)
     _check_scale_tensor("k_scale", k_scale, dev)
@@ -146,12 +161,14 @@ def check_attention_outputs(q: torch.Tensor, v_cache: torch.Tensor, out: torch.T
     """Checks of the caller-provided ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32) buffers."""
     expect = (q.shape[0], q.shape[1], v_cache.shape[3])
     _check_tensor("out", out, 3, (q.dtype,), q.device)
-    _require(tuple(out.shape) == expect, f"out must have shape [T, Hq, Dv]={list(expect)}, got {tuple(out.shape)}")
+    _require(
+        tuple(out.shape) == expect, lambda: f"out must have shape [T, Hq, Dv]={list(expect)}, got {tuple(out.shape)}"
+    )
     if lse is not None:
         _check_tensor("lse", lse, 2, (torch.float32,), q.device, last_contiguous=False)
         _require(
             tuple(lse.shape) == expect[:2],
-            f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}",
+            lambda: f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}",
         )
 
 
@@ -167,21 +184,21 @@ def debug_check_attention(
     """Checks that read index tensors (device-to-host sync): run only in debug mode."""
     cu = cu_seqlens_q.cpu().long()
     lens = seq_lens.cpu().long()
-    _require(cu.numel() == 0 or int(cu[0]) == 0, f"cu_seqlens_q must start at 0, got {int(cu[0])}")
+    _require(cu.numel() == 0 or int(cu[0]) == 0, lambda: f"cu_seqlens_q must start at 0, got {int(cu[0])}")
     q_lens = cu[1:] - cu[:-1]
-    _require(bool((q_lens >= 0).all()), f"cu_seqlens_q must be non-decreasing, got {cu.tolist()}")
+    _require(bool((q_lens >= 0).all()), lambda: f"cu_seqlens_q must be non-decreasing, got {cu.tolist()}")
     _require(
         cu.numel() == 0 or int(cu[-1]) <= q.shape[0],
-        f"cu_seqlens_q[-1]={int(cu[-1])} exceeds the token count of q ({q.shape[0]})",
+        lambda: f"cu_seqlens_q[-1]={int(cu[-1])} exceeds the token count of q ({q.shape[0]})",
     )
     _require(
         bool((q_lens <= max_seqlen_q).all()),
-        f"a query length exceeds max_seqlen_q={max_seqlen_q}: {q_lens.tolist()}",
+        lambda: f"a query length exceeds max_seqlen_q={max_seqlen_q}: {q_lens.tolist()}",
     )
-    _require(bool((lens <= max_seqlen_k).all()), f"a seq_lens entry exceeds max_seqlen_k={max_seqlen_k}")
+    _require(bool((lens <= max_seqlen_k).all()), lambda: f"a seq_lens entry exceeds max_seqlen_k={max_seqlen_k}")
     _require(
         bool((q_lens <= lens).all()),
-        "seq_lens must count the new tokens too: some sequence has q_len > seq_len",
+        lambda: "seq_lens must count the new tokens too: some sequence has q_len > seq_len",
     )
     page_size, num_pages = k_cache.shape[1], k_cache.shape[0]
     bt = block_table.cpu()
@@ -212,17 +229,17 @@ def check_cache_args(
     n, num_kv_heads, head_dim = key.shape
     _require(
         tuple(value.shape[:2]) == (n, num_kv_heads),
-        f"value must be [N={n}, Hkv={num_kv_heads}, Dv], got {tuple(value.shape)}",
+        lambda: f"value must be [N={n}, Hkv={num_kv_heads}, Dv], got {tuple(value.shape)}",
     )
     _require(
         tuple(k_cache.shape[2:]) == (num_kv_heads, head_dim),
-        f"k_cache must be [num_pages, page_size, Hkv={num_kv_heads}, D={head_dim}], got {tuple(k_cache.shape)}",
+        lambda: f"k_cache must be [num_pages, page_size, Hkv={num_kv_heads}, D={head_dim}], got {tuple(k_cache.shape)}",
     )
     _require(
         tuple(v_cache.shape) == (*k_cache.shape[:3], value.shape[2]),
-        f"v_cache must be {[*k_cache.shape[:3], value.shape[2]]}, got {tuple(v_cache.shape)}",
+        lambda: f"v_cache must be {[*k_cache.shape[:3], value.shape[2]]}, got {tuple(v_cache.shape)}",
     )
-    _require(slot_mapping.shape[0] == n, f"slot_mapping must have N={n} entries, got {slot_mapping.shape[0]}")
+    _require(slot_mapping.shape[0] == n, lambda: f"slot_mapping must have N={n} entries, got {slot_mapping.shape[0]}")
     _check_scale_tensor("k_scale", k_scale, dev)
     _check_scale_tensor("v_scale", v_scale, dev)
 
@@ -243,9 +260,9 @@ def check_merge_args(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tens
     _check_tensor("out_b", out_b, 3, (out_a.dtype,), dev)
     _check_tensor("lse_a", lse_a, 2, (torch.float32,), dev, last_contiguous=False)
     _check_tensor("lse_b", lse_b, 2, (torch.float32,), dev, last_contiguous=False)
-    _require(out_a.shape == out_b.shape, f"out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} differ")
+    _require(out_a.shape == out_b.shape, lambda: f"out_a {tuple(out_a.shape)} and out_b {tuple(out_b.shape)} differ")
     for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
         _require(
             tuple(lse.shape) == tuple(out_a.shape[:2]),
-            f"{name} must have shape [T, H]={list(out_a.shape[:2])}, got {tuple(lse.shape)}",
+            lambda name=name, lse=lse: f"{name} must have shape [T, H]={list(out_a.shape[:2])}, got {tuple(lse.shape)}",
         )
