@@ -7,6 +7,8 @@ is imported): then they run the same Triton kernels, which is how the kernels ar
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 
@@ -63,95 +65,21 @@ def _attention_into(
         lse[:n].copy_(ref_lse[:n])
 
 
-@torch.library.custom_op("tpa::paged_attention", mutates_args=())
-def _paged_attention_op(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
-    feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale)
-    checks.check_attention_args(*args, *feats)
-    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
-    _attention_into(*args, causal, *feats, out, None)
-    return out
-
-
-@_paged_attention_op.register_fake
-def _(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal=True,
-      window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):  # fmt: skip
-    checks.check_attention_args(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, window_left,
-        softcap, alibi_slopes, sinks, k_scale, v_scale,
-    )  # fmt: skip
-    return q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
-
-
-@torch.library.custom_op("tpa::paged_attention_with_lse", mutates_args=())
-def _paged_attention_with_lse_op(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
-    feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale)
-    checks.check_attention_args(*args, *feats)
-    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
-    lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
-    _attention_into(*args, causal, *feats, out, lse)
-    return out, lse
-
-
-@_paged_attention_with_lse_op.register_fake
-def _(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal=True,
-      window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None):  # fmt: skip
-    checks.check_attention_args(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, window_left,
-        softcap, alibi_slopes, sinks, k_scale, v_scale,
-    )  # fmt: skip
-    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
-    return out, q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
-
-
-# The out variant keeps the shared arguments in order and takes the buffers keyword-only (like aten's out=
-# overloads). custom_op refuses keyword-only tensors, so this one op is defined from an explicit schema.
-torch.library.define(
-    "tpa::paged_attention_out",
-    "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, "
+# The three attention ops share one argument list. The out variant takes its buffers keyword-only (like aten's
+# out= overloads); torch.library.custom_op refuses keyword-only tensors, so all three are defined from schemas.
+_ATTENTION_ARGS = (
+    "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, bool causal=True, SymInt window_left=-1, "
-    "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, "
-    "*, Tensor(a!) out, Tensor(b!)? lse=None) -> ()",
+    "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None"
 )
+_ATTENTION_OPS = {
+    "paged_attention": f"({_ATTENTION_ARGS}) -> Tensor",
+    "paged_attention_with_lse": f"({_ATTENTION_ARGS}) -> (Tensor, Tensor)",
+    "paged_attention_out": f"({_ATTENTION_ARGS}, *, Tensor(a!) out, Tensor(b!)? lse=None) -> ()",
+}
 
 
-@torch.library.impl("tpa::paged_attention_out", "CompositeExplicitAutograd")
-def _paged_attention_out_op(
+def _attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -169,25 +97,34 @@ def _paged_attention_out_op(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     *,
-    out: torch.Tensor,
+    out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
-) -> None:
+    op: str,
+    fake: bool,
+):
+    """Body of all three attention ops, real (``fake=False``) and fake: same checks, same output allocation."""
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
     feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale)
     checks.check_attention_args(*args, *feats)
-    checks.check_attention_outputs(q, v_cache, out, lse)
-    _attention_into(*args, causal, *feats, out, lse)
+    if op == "paged_attention_out":
+        checks.check_attention_outputs(q, v_cache, out, lse)
+    else:
+        out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
+        if op == "paged_attention_with_lse":
+            lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
+    if not fake:
+        _attention_into(*args, causal, *feats, out, lse)
+    if op == "paged_attention_out":
+        return None
+    return (out, lse) if op == "paged_attention_with_lse" else out
 
 
-@torch.library.register_fake("tpa::paged_attention_out")
-def _(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal=True,
-      window_left=-1, softcap=0.0, alibi_slopes=None, sinks=None, k_scale=None, v_scale=None, *, out,
-      lse=None):  # fmt: skip
-    checks.check_attention_args(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, window_left,
-        softcap, alibi_slopes, sinks, k_scale, v_scale,
-    )  # fmt: skip
-    checks.check_attention_outputs(q, v_cache, out, lse)
+for _name, _schema in _ATTENTION_OPS.items():
+    torch.library.define(f"tpa::{_name}", _schema)
+    torch.library.impl(f"tpa::{_name}", "CompositeExplicitAutograd")(
+        functools.partial(_attention, op=_name, fake=False)
+    )
+    torch.library.register_fake(f"tpa::{_name}")(functools.partial(_attention, op=_name, fake=True))
 
 
 @torch.library.custom_op("tpa::reshape_and_cache", mutates_args=("k_cache", "v_cache"))
