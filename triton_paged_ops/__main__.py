@@ -1,4 +1,5 @@
-"""Command line: ``python -m triton_paged_ops`` runs the self-check of every op against the reference."""
+"""Command line: ``python -m triton_paged_ops`` runs the self-check of every op against the reference;
+``python -m triton_paged_ops demo`` runs the model demo."""
 
 from __future__ import annotations
 
@@ -14,8 +15,23 @@ def _parser() -> argparse.ArgumentParser:
         "of cases, error and time. Uses the GPU when there is one; otherwise runs the same Triton kernels on the "
         "CPU through Triton's interpreter, on small shapes.",
     )
-    p.add_argument("--device", default=None, help="torch device to check (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None, help="torch device to use (default: cuda if available, else cpu)")
     p.add_argument("--seed", type=int, default=None, help="random seed for the inputs (default: from the clock)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    demo = sub.add_parser(
+        "demo",
+        help="generate with a small Llama-style model through the tpa ops, compiled, checked against the reference",
+        description="Prefill random prompts and decode with continuous batching using a Llama-style model with "
+        "random weights whose attention runs through torch.ops.tpa, under torch.compile(fullgraph=True); every "
+        "step's logits are checked against an eager copy using the PyTorch reference attention.",
+    )
+    demo.add_argument(
+        "--preset", choices=("tiny", "1b"), default=None, help="model size (default: 1b on a GPU, tiny on CPU)"
+    )
+    demo.add_argument("--requests", type=int, default=6, help="number of requests (default 6)")
+    demo.add_argument("--new-tokens", type=int, default=16, help="tokens to generate per request, at most (default 16)")
+    demo.add_argument("--max-batch", type=int, default=4, help="requests decoded together, at most (default 4)")
+    demo.add_argument("--no-compile", action="store_true", help="run the model eagerly")
     return p
 
 
@@ -29,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
         # start again with it set so the CPU check exercises the kernels rather than the reference.
         os.environ["TRITON_INTERPRET"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "triton_paged_ops", *(argv or sys.argv[1:])])
+
+    if args.command == "demo":
+        from triton_paged_ops.models.demo import run_demo
+
+        preset = args.preset or ("1b" if device != "cpu" else "tiny")
+        seed = args.seed if args.seed is not None else 0
+        return run_demo(preset, args.requests, args.new_tokens, args.max_batch, not args.no_compile, device, seed)
 
     import triton
 
