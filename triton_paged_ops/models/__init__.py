@@ -1,6 +1,6 @@
 """A small Llama-style model, paged KV-cache manager and continuous-batching generation loop built on the tpa ops."""
 
-from triton_paged_ops.models.generate import PagedKVCache, Request, StepStats, build_batch, generate
+from triton_paged_ops.models.generate import PagePool, Request, StepStats, build_batch, generate
 from triton_paged_ops.models.llama import PRESETS, Batch, Llama, LlamaConfig
 
 __all__ = [
@@ -8,7 +8,7 @@ __all__ = [
     "Batch",
     "Llama",
     "LlamaConfig",
-    "PagedKVCache",
+    "PagePool",
     "Request",
     "StepStats",
     "build_batch",

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from triton_paged_ops.models.generate import PagedKVCache, Request, StepStats, generate
+from triton_paged_ops.models.generate import PagePool, Request, StepStats, generate
 from triton_paged_ops.models.llama import PRESETS, Llama
 
 
@@ -44,8 +44,9 @@ def run_demo(
     page_size = 16
     max_pages = -(-(max(prompt_lens) + new_tokens) // page_size)
     num_pages = max_pages * max_batch + 1
-    cache = PagedKVCache(cfg, num_pages, page_size, dtype, device)
-    ref_cache = PagedKVCache(cfg, num_pages, page_size, dtype, device)
+    pool = PagePool(num_pages, page_size)
+    model.setup_cache(num_pages, page_size)
+    ref.setup_cache(num_pages, page_size)
     step_fn = torch.compile(model, fullgraph=True, dynamic=True) if compile_model else model
     total_tokens = sum(answer_lens)
     worst = 0.0
@@ -56,11 +57,11 @@ def run_demo(
     def step(batch):
         nonlocal worst
         start = time.perf_counter()
-        logits = step_fn(batch, cache.layers())
+        logits = step_fn(batch)
         if device != "cpu":
             torch.cuda.synchronize()
         model_seconds.append(time.perf_counter() - start)
-        expect = ref(batch, ref_cache.layers())
+        expect = ref(batch)
         worst = max(worst, float((logits - expect).abs().max() / expect.abs().max().clamp_min(1e-6)))
         return logits
 
@@ -76,7 +77,7 @@ def run_demo(
           f"batch <= {max_batch}, {dtype}, {mode}, on {device}")  # fmt: skip
     start = time.perf_counter()
     with torch.no_grad():
-        stats = generate(step, requests, cache, max_batch, max_pages, device, on_step)
+        stats = generate(step, requests, pool, max_batch, max_pages, device, on_step)
     elapsed = time.perf_counter() - start
     print()
     generated = sum(len(r.generated) for r in requests)

@@ -1,8 +1,9 @@
-"""Paged KV-cache manager and a greedy generation loop with continuous batching.
+"""Paged KV-cache page allocator and a greedy generation loop with continuous batching.
 
 Requests join as soon as a batch slot and cache pages are free and leave when done; each step is one forward over
 a mixed batch (new requests' prompts prefilled beside running requests' decode tokens), built in the layout of
 ``tpa.paged_attention``. Host-side bookkeeping (page lists, lengths) stays in Python; only the step runs on device.
+The cache tensors themselves belong to the model (``Llama.setup_cache``).
 """
 
 from __future__ import annotations
@@ -14,32 +15,18 @@ from collections.abc import Callable
 
 import torch
 
-from triton_paged_ops.models.llama import Batch, LlamaConfig
+from triton_paged_ops.models.llama import Batch
 
 
-class PagedKVCache:
-    """Per-layer K/V page pools ``[num_pages, page_size, Hkv, D]`` plus a page allocator per request."""
+class PagePool:
+    """Page allocator and per-request page lists for a paged KV cache of ``num_pages`` pages of ``page_size``."""
 
-    def __init__(self, cfg: LlamaConfig, num_pages: int, page_size: int, dtype: torch.dtype, device):
-        shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        # Separate tensors per layer, not views of one buffer: torch.compile (2.13) mis-handled in-place writes to
-        # several views of one base across a dynamic-shape recompile (wrong cache contents after the first step).
-        self.kv = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(cfg.num_layers)
-        ]
-        for k, v in self.kv:
-            # Fixed shapes: without this, dynamic compilation may tie a cache dim to an equal-valued batch dim.
-            torch._dynamo.mark_static(k)
-            torch._dynamo.mark_static(v)
+    def __init__(self, num_pages: int, page_size: int):
         self.page_size = page_size
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, -1, -1))
         self.pages: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
-
-    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return self.kv
 
     def free_pages(self) -> int:
         return len(self._free)
@@ -76,7 +63,7 @@ class Request:
         return len(self.generated) >= self.max_new_tokens
 
 
-def build_batch(reqs: list[Request], cache: PagedKVCache, max_pages: int, device) -> Batch:
+def build_batch(reqs: list[Request], cache: PagePool, max_pages: int, device) -> Batch:
     """Lay out one step: a prompt for each new request, the last generated token for each running one."""
     tokens, positions, slots, q_lens, kv_lens = [], [], [], [], []
     table = torch.zeros(len(reqs), max_pages, dtype=torch.int32)
@@ -113,7 +100,7 @@ class StepStats:
 def generate(
     step: Callable[[Batch], torch.Tensor],
     requests: list[Request],
-    cache: PagedKVCache,
+    cache: PagePool,
     max_batch: int,
     max_pages: int,
     device,

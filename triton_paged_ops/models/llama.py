@@ -129,7 +129,11 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """The decoder. ``forward(batch, kv_caches)`` returns the logits ``[B, vocab]`` of each sequence's last token."""
+    """The decoder. ``forward(batch)`` returns the logits ``[B, vocab]`` of each sequence's last token.
+
+    The paged K/V caches are buffers of the model (``setup_cache``), written in place by every forward: fixed
+    addresses and shapes, so a compiled model can be replayed as a CUDA graph (as in gpt-fast).
+    """
 
     def __init__(self, cfg: LlamaConfig, attention: str = "tpa", max_positions: int = 8192):
         super().__init__()
@@ -144,6 +148,23 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def setup_cache(self, num_pages: int, page_size: int, dtype: torch.dtype | None = None) -> None:
+        """Allocate each layer's K and V page pools ``[num_pages, page_size, Hkv, D]`` (zeros) on the model's device."""
+        cfg = self.cfg
+        dtype = dtype or self.embed.weight.dtype
+        shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+        for i in range(cfg.num_layers):
+            for kind in ("k", "v"):
+                # Separate tensors per layer and kind, not views of one buffer: torch.compile (2.13) mis-handled
+                # in-place writes to several views of one base across a dynamic-shape recompile.
+                buf = torch.zeros(shape, dtype=dtype, device=self.embed.weight.device)
+                self.register_buffer(f"{kind}_cache_{i}", buf, persistent=False)
+                # Fixed shape: dynamic compilation must not tie a cache dim to an equal-valued batch dim.
+                torch._dynamo.mark_static(buf)
+
+    def kv_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")) for i in range(self.cfg.num_layers)]
+
     @torch.no_grad()
     def init_random(self, seed: int = 0) -> Llama:
         """Seeded random weights, scaled so activations stay O(1) through the layers."""
@@ -155,11 +176,13 @@ class Llama(nn.Module):
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
         return self
 
-    def forward(self, batch: Batch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(self, batch: Batch) -> torch.Tensor:
+        if not hasattr(self, "k_cache_0"):
+            raise RuntimeError("call setup_cache(num_pages, page_size) before the first forward")
         cos = self.rope_cos[batch.positions]
         sin = self.rope_sin[batch.positions]
         x = self.embed(batch.tokens)
-        for block, (k_cache, v_cache) in zip(self.blocks, kv_caches, strict=True):
+        for block, (k_cache, v_cache) in zip(self.blocks, self.kv_caches(), strict=True):
             x = block(x, batch, k_cache, v_cache, cos, sin)
         last = (batch.cu_seqlens_q[1:] - 1).clamp_min(0).long()  # each sequence's last new token
         return self.lm_head(self.norm(x[last])).float()
