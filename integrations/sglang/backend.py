@@ -1,0 +1,92 @@
+"""SGLang ``AttentionBackend`` over the ``tpa`` ops: a translation table from SGLang's batch to ours.
+
+SGLang keeps K/V in a token-slot pool (``[slots, Hkv, D]`` per layer) and maps each request's positions to slots
+through ``req_to_token``. Seen as a paged cache with one-token pages, the pool is ``k_cache [slots, 1, Hkv, D]`` and
+a request's ``req_to_token`` row is its block table — whatever SGLang's own page size, and with no copy of the pool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+import triton_paged_ops  # noqa: F401  (registers torch.ops.tpa)
+
+_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclasses.dataclass
+class TpaMetadata:
+    """Per-batch metadata shared by all layers (the ops' page-table vocabulary)."""
+
+    block_table: torch.Tensor  # [B, max_seqlen_k] int32: token slots, i.e. page ids of 1-token pages
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32, prefix + new tokens
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+class TpaAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        super().__init__()
+        self.device = model_runner.device
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.forward_metadata: TpaMetadata | None = None
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        bs = forward_batch.batch_size
+        seq_lens = forward_batch.seq_lens.to(torch.int32)
+        if forward_batch.forward_mode.is_decode_or_idle():
+            cu = torch.arange(bs + 1, dtype=torch.int32, device=self.device)
+            max_q = 1
+        else:
+            cu = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+            cu[1:] = torch.cumsum(forward_batch.extend_seq_lens, 0)
+            lens_cpu = forward_batch.extend_seq_lens_cpu
+            max_q = max(lens_cpu) if lens_cpu is not None and len(lens_cpu) else int(cu.diff().max())
+        seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
+        max_k = (
+            int(seq_lens_cpu.max()) if seq_lens_cpu is not None and len(seq_lens_cpu) else self.req_to_token.shape[1]
+        )
+        width = max(1, max_k)
+        block_table = self.req_to_token.index_select(0, forward_batch.req_pool_indices.long())[:, :width]
+        self.forward_metadata = TpaMetadata(block_table.to(torch.int32), cu, seq_lens, max_q, width)
+
+    def _attend(self, q, layer, causal: bool, sinks) -> torch.Tensor:
+        md = self.forward_metadata
+        k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        if k_buf.dtype not in _CACHE_DTYPES:
+            raise NotImplementedError(f"tpa backend: KV cache dtype {k_buf.dtype} is not supported yet")
+        if layer.logit_cap and layer.logit_cap > 0 and getattr(layer, "logit_capping_method", "tanh") != "tanh":
+            raise NotImplementedError(f"tpa backend: logit capping {layer.logit_capping_method!r} is not supported")
+        num_q_heads, head_dim, head_dim_v = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
+        q3 = q.reshape(-1, num_q_heads, head_dim)
+        o = q.new_empty(q3.shape[0], num_q_heads * head_dim_v)
+        # The pool's token slots are pages of one token: [slots, Hkv, D] -> [slots, 1, Hkv, D], no copy.
+        k_cache = k_buf.unsqueeze(1)
+        v_cache = v_buf.unsqueeze(1)
+        window = layer.sliding_window_size if layer.sliding_window_size is not None else -1
+        torch.ops.tpa.paged_attention_out(
+            q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
+            float(layer.scaling), causal, int(window), float(layer.logit_cap or 0.0), None,
+            sinks.float() if sinks is not None else None, None, None,
+            out=o.view(-1, num_q_heads, head_dim_v),
+        )  # fmt: skip
+        return o
+
+    def _save(self, k, v, layer, forward_batch, save_kv_cache: bool) -> None:
+        if save_kv_cache and k is not None:
+            self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
+        self._save(k, v, layer, forward_batch, save_kv_cache)
+        causal = not getattr(layer, "is_cross_attention", False)
+        return self._attend(q, layer, causal, sinks)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
+        self._save(k, v, layer, forward_batch, save_kv_cache)
+        return self._attend(q, layer, True, sinks)
