@@ -15,21 +15,13 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # "ci": few, small examples for the 2-core interpreter run. "gpu": many larger ones for a GPU run.
-settings.register_profile(
-    "ci",
-    max_examples=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    derandomize=False,
-    print_blob=True,
-)
-settings.register_profile(
-    "gpu",
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    print_blob=True,
-)
+_COMMON = {
+    "deadline": None,  # the first call of each kernel variant compiles
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+    "print_blob": True,
+}
+settings.register_profile("ci", max_examples=30, **_COMMON)
+settings.register_profile("gpu", max_examples=300, **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "ci"))
 
 
