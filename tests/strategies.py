@@ -40,6 +40,7 @@ class Spec:
     tiles: tuple[int, int] | None
     seed: int
     num_splits: int | None = None  # force split-KV segments (None: the planner decides)
+    rows_dtype: torch.dtype | None = None  # sequences' rows picked from a larger table by block_table_rows
 
 
 @dataclasses.dataclass
@@ -146,6 +147,7 @@ def specs(
         # Forced split counts on short queries (where the planner splits) and small problems; on long prefills they
         # would only multiply the interpreter's per-program cost.
         num_splits=draw(st.one_of(st.none(), st.integers(2, 9))) if small or max(q_lens) <= 16 else None,
+        rows_dtype=draw(st.sampled_from((None, None, torch.int32, torch.int64))),
     )
 
 
@@ -178,10 +180,16 @@ def build(spec: Spec, device: str | torch.device) -> Problem:
     perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
     width = max(1, max(pages_per_seq, default=0) + spec.extra_cols)
     # Entries past a sequence's pages are never read: fill them with an id no cache has.
-    block_table = torch.full((len(spec.kv_lens), width), -1, dtype=torch.int32, device=device)
+    batch = len(spec.kv_lens)
+    # With row indirection the table is a pool with spare rows, and sequence b lives in a random row.
+    rows = torch.arange(batch, device=device)
+    if spec.rows_dtype is not None:
+        rows = torch.randperm(batch + 3, generator=gen, device=device)[:batch]
+    block_table = torch.full((batch + (3 if spec.rows_dtype is not None else 0), width), -1, dtype=torch.int32,
+                             device=device)  # fmt: skip
     at = 0
     for b, n in enumerate(pages_per_seq):
-        block_table[b, :n] = perm[at : at + n]
+        block_table[rows[b], :n] = perm[at : at + n]
         at += n
     hq = spec.num_kv_heads * spec.group
     total = sum(spec.q_lens) + spec.pad_tokens
@@ -193,6 +201,8 @@ def build(spec: Spec, device: str | torch.device) -> Problem:
         kwargs["alibi_slopes"] = torch.rand(hq, generator=gen, device=device) * 0.5
     if spec.use_sinks:
         kwargs["sinks"] = torch.randn(hq, generator=gen, device=device) * 2.0
+    if spec.rows_dtype is not None:
+        kwargs["block_table_rows"] = rows.to(spec.rows_dtype)
     if spec.use_kv_scale:
         kwargs["k_scale"] = torch.rand(1, generator=gen, device=device) + 0.5
         kwargs["v_scale"] = torch.rand(1, generator=gen, device=device) + 0.5

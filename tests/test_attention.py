@@ -153,10 +153,12 @@ def test_sequence_output_independent_of_batch(spec, pick):
     lo, hi = int(p.cu_seqlens_q[b]), int(p.cu_seqlens_q[b + 1])
     cu_one = torch.tensor([0, hi - lo], dtype=torch.int32, device=DEVICE)
     alone = torch.full_like(out[lo:hi], float("nan"))
+    kw, table = dict(p.kwargs), p.block_table[b : b + 1]
+    if "block_table_rows" in kw:
+        kw["block_table_rows"], table = kw["block_table_rows"][b : b + 1], p.block_table
     with _tiles(spec):
-        tpa.paged_attention_out(p.q[lo:hi], p.k_cache, p.v_cache, p.block_table[b : b + 1], cu_one,
-                                p.seq_lens[b : b + 1], p.max_seqlen_q, p.max_seqlen_k, spec.scale, **p.kwargs,
-                                out=alone)  # fmt: skip
+        tpa.paged_attention_out(p.q[lo:hi], p.k_cache, p.v_cache, table, cu_one, p.seq_lens[b : b + 1],
+                                p.max_seqlen_q, p.max_seqlen_k, spec.scale, **kw, out=alone)  # fmt: skip
     assert torch.equal(alone, out[lo:hi])
 
 

@@ -52,6 +52,16 @@ BAD = [
         "cu_seqlens_q must have dtype",
     ),
     ("seq_lens", lambda a: a.update(seq_lens=a["seq_lens"].float()), "seq_lens must have dtype"),
+    (
+        "block_table_rows",
+        lambda a: a.update(block_table_rows=torch.tensor([1.0, 0.0], device=DEVICE)),
+        "block_table_rows must have dtype",
+    ),
+    (
+        "block_table_rows",
+        lambda a: a.update(block_table_rows=torch.tensor([1], dtype=I32, device=DEVICE)),
+        "block_table_rows must have B=2 entries",
+    ),
     ("max_seqlen_k", lambda a: a.update(max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
     ("scale", lambda a: a.update(scale=float("nan")), "scale must be finite"),
 ]
@@ -137,6 +147,12 @@ class TestDebugMode:
         with pytest.raises(ValueError, match="block_table row 0 references a page outside"):
             call(args)
 
+    def test_block_table_row_out_of_range(self):
+        args = good_args()
+        args["block_table_rows"] = torch.tensor([1, 2], dtype=I32, device=DEVICE)
+        with pytest.raises(ValueError, match=r"block_table_rows\[1\]=2 is outside"):
+            call(args)
+
     def test_q_len_longer_than_seq_len(self):
         args = good_args()
         args["seq_lens"][1] = 0
@@ -172,3 +188,14 @@ def test_out_of_range_page_ids_do_not_fault_without_debug():
     args["block_table"][0, 1] = 10_000_000
     out = call(args)
     assert torch.isfinite(out).all()
+
+
+def test_out_of_range_table_rows_do_not_fault_without_debug():
+    """A row index outside block_table leaves its sequence with no keys (output 0) and the others intact."""
+    args = good_args()
+    want = call(args)
+    args["block_table"] = args["block_table"].flip(0).contiguous()
+    args["block_table_rows"] = torch.tensor([1, 1 << 40], dtype=torch.int64, device=DEVICE)
+    out = call(args)
+    assert torch.equal(out[:4], want[:4])
+    assert torch.equal(out[4], torch.zeros_like(out[4]))

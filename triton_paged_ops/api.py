@@ -17,9 +17,9 @@ _ATTENTION_PARAMS = """
         only the last dim must be contiguous. The new tokens' keys must already be written (``reshape_and_cache``).
     v_cache : Tensor [num_pages, page_size, Hkv, Dv]
         Paged value cache, same dtype and page layout as ``k_cache``; ``Dv`` may differ from ``D``.
-    block_table : Tensor [B, max_pages], int32
+    block_table : Tensor [B, max_pages] (or [R, max_pages] with ``block_table_rows``), int32
         Page ids of each sequence, in order: key ``j`` of sequence ``b`` is at
-        ``(block_table[b, j // page_size], j % page_size)``.
+        ``(block_table[r, j // page_size], j % page_size)`` with ``r = b`` (or ``block_table_rows[b]``).
     cu_seqlens_q : Tensor [B + 1], int32
         Prefix sums of the new-token counts; ``cu_seqlens_q[0] = 0``. Rows of ``q`` past ``cu_seqlens_q[B]``
         (CUDA-graph padding) are ignored and their outputs left unwritten.
@@ -45,6 +45,10 @@ _ATTENTION_PARAMS = """
     k_scale, v_scale : Tensor [1], float32, optional
         Dequantisation scales of the caches: keys are read as ``k_cache * k_scale``, values as
         ``v_cache * v_scale``.
+    block_table_rows : Tensor [B], int32 or int64, optional
+        Row of ``block_table`` that holds sequence ``b``'s pages, so a request pool's table (e.g. SGLang's
+        ``req_to_token`` with ``req_pool_indices``) is used in place instead of gathered per step. A row outside
+        ``[0, R)`` gives that sequence no keys.
 """
 
 
@@ -66,11 +70,12 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    block_table_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return torch.ops.tpa.paged_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale,
+        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows,
     )  # fmt: skip
 
 
@@ -112,11 +117,12 @@ def paged_attention_with_lse(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    block_table_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.tpa.paged_attention_with_lse(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale,
+        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows,
     )  # fmt: skip
 
 
@@ -149,13 +155,14 @@ def paged_attention_out(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    block_table_rows: torch.Tensor | None = None,
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
     torch.ops.tpa.paged_attention_out(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, out=out, lse=lse,
+        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, out=out, lse=lse,
     )  # fmt: skip
 
 

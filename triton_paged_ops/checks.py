@@ -90,6 +90,7 @@ def check_attention_args(
     sinks: torch.Tensor | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    block_table_rows: torch.Tensor | None = None,
 ) -> None:
     """Metadata-only checks of ``paged_attention``'s arguments; raises ``ValueError``/``TypeError`` naming one."""
     if not isinstance(q, torch.Tensor):
@@ -133,10 +134,18 @@ def check_attention_args(
         cu_seqlens_q.shape[0] == batch + 1,
         lambda: f"cu_seqlens_q must have B+1={batch + 1} entries (B = len(seq_lens)), got {cu_seqlens_q.shape[0]}",
     )
-    _require(
-        block_table.shape[0] == batch,
-        lambda: f"block_table must have B={batch} rows (B = len(seq_lens)), got {block_table.shape[0]}",
-    )
+    if block_table_rows is None:
+        _require(
+            block_table.shape[0] == batch,
+            lambda: f"block_table must have B={batch} rows (B = len(seq_lens)), got {block_table.shape[0]}",
+        )
+    else:
+        _check_tensor("block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev, last_contiguous=False)
+        _require(
+            block_table_rows.shape[0] == batch,
+            lambda: f"block_table_rows must have B={batch} entries (B = len(seq_lens)), got {len(block_table_rows)}",
+        )
+        _require(block_table.shape[0] >= 1, lambda: "block_table must have at least one row")
     _require(max_seqlen_q >= 0, lambda: f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
     _require(max_seqlen_k >= 0, lambda: f"max_seqlen_k must be >= 0, got {max_seqlen_k}")
     _require(
@@ -180,6 +189,7 @@ def debug_check_attention(
     seq_lens: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
+    block_table_rows: torch.Tensor | None = None,
 ) -> None:
     """Checks that read index tensors (device-to-host sync): run only in debug mode."""
     cu = cu_seqlens_q.cpu().long()
@@ -202,10 +212,13 @@ def debug_check_attention(
     )
     page_size, num_pages = k_cache.shape[1], k_cache.shape[0]
     bt = block_table.cpu()
-    for b, n in enumerate(lens.tolist()):
-        used = bt[b, : (n + page_size - 1) // page_size]
+    rows = list(range(len(lens))) if block_table_rows is None else block_table_rows.cpu().tolist()
+    for b, (row, n) in enumerate(zip(rows, lens.tolist())):
+        if not 0 <= row < bt.shape[0]:
+            raise ValueError(f"block_table_rows[{b}]={row} is outside block_table's rows [0, {bt.shape[0]})")
+        used = bt[row, : (n + page_size - 1) // page_size]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_pages):
-            raise ValueError(f"block_table row {b} references a page outside [0, {num_pages}): {used.tolist()}")
+            raise ValueError(f"block_table row {row} references a page outside [0, {num_pages}): {used.tolist()}")
 
 
 def check_cache_args(

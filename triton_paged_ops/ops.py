@@ -42,21 +42,24 @@ def _attention_into(
     sinks: torch.Tensor | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    block_table_rows: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor | None,
 ) -> None:
     """Shared body of the three attention ops: checks, then kernel or reference, writing ``out``/``lse``."""
     if checks.debug_mode():
-        checks.debug_check_attention(q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k)
+        checks.debug_check_attention(
+            q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, block_table_rows
+        )
     if _use_kernels(q):
         _launch_paged_attention(
             q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, out, lse, INTERPRET,
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, INTERPRET,
         )  # fmt: skip
         return
     ref_out, ref_lse = reference.paged_attention_with_lse(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, causal, window_left, softcap,
-        alibi_slopes, sinks, k_scale, v_scale,
+        alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
     )  # fmt: skip
     # The reference writes every row; the kernels leave rows past cu_seqlens_q[-1] alone. Match that.
     n = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
@@ -70,7 +73,8 @@ def _attention_into(
 _ATTENTION_ARGS = (
     "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, bool causal=True, SymInt window_left=-1, "
-    "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None"
+    "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, "
+    "Tensor? block_table_rows=None"
 )
 _ATTENTION_OPS = {
     "paged_attention": f"({_ATTENTION_ARGS}) -> Tensor",
@@ -96,6 +100,7 @@ def _attention(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    block_table_rows: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -104,7 +109,7 @@ def _attention(
 ):
     """Body of all three attention ops, real (``fake=False``) and fake: same checks, same output allocation."""
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
-    feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale)
+    feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
     checks.check_attention_args(*args, *feats)
     if op == "paged_attention_out":
         checks.check_attention_outputs(q, v_cache, out, lse)

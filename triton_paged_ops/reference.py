@@ -35,6 +35,7 @@ def paged_attention_with_lse(
     sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
+    block_table_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference paged attention. Returns ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32, natural log).
 
@@ -47,13 +48,17 @@ def paged_attention_with_lse(
     lse = torch.full((num_tokens, num_q_heads), -math.inf, dtype=torch.float32, device=q.device)
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
+    rows = list(range(len(lens))) if block_table_rows is None else block_table_rows.tolist()
     for b in range(len(lens)):
         q_start, q_end = cu[b], cu[b + 1]
         q_len, kv_len = q_end - q_start, lens[b]
         if q_len == 0:
             continue
-        k = gather_kv(k_cache, block_table[b], kv_len).float()
-        v = gather_kv(v_cache, block_table[b], kv_len).float()
+        row = rows[b]
+        if not 0 <= row < block_table.shape[0]:
+            row, kv_len = 0, 0  # a row outside the table: no keys (as the kernels define it)
+        k = gather_kv(k_cache, block_table[row], kv_len).float()
+        v = gather_kv(v_cache, block_table[row], kv_len).float()
         if k_scale is not None:
             k = k * k_scale.float()
         if v_scale is not None:

@@ -2,7 +2,8 @@
 
 SGLang keeps K/V in a token-slot pool (``[slots, Hkv, D]`` per layer) and maps each request's positions to slots
 through ``req_to_token``. Seen as a paged cache with one-token pages, the pool is ``k_cache [slots, 1, Hkv, D]`` and
-a request's ``req_to_token`` row is its block table — whatever SGLang's own page size, and with no copy of the pool.
+``req_to_token`` is the block table, a request's row picked by ``req_pool_indices`` (the ops' ``block_table_rows``) —
+whatever SGLang's own page size, with no copy of the pool or of the token map.
 """
 
 from __future__ import annotations
@@ -19,13 +20,19 @@ _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @dataclasses.dataclass
 class TpaMetadata:
-    """Per-batch metadata shared by all layers (the ops' page-table vocabulary)."""
+    """Per-batch metadata shared by all layers (the ops' page-table vocabulary).
 
-    block_table: torch.Tensor  # [B, max_seqlen_k] int32: token slots, i.e. page ids of 1-token pages
+    ``block_table`` is SGLang's ``req_to_token`` itself and ``rows`` picks each request's row of it, so no per-step
+    copy of the token map is made.
+    """
+
+    block_table: torch.Tensor  # [req_pool_size, max_context_len] int32: token slots = page ids of 1-token pages
+    rows: torch.Tensor  # [B] int32/int64: req_pool_indices
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32, prefix + new tokens
     max_seqlen_q: int
     max_seqlen_k: int
+    in_graph: bool = False  # rows/seq_lens are static buffers refilled by init_forward_metadata_in_graph
 
 
 class TpaAttnBackend(AttentionBackend):
@@ -33,10 +40,15 @@ class TpaAttnBackend(AttentionBackend):
         super().__init__()
         self.device = model_runner.device
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        if self.req_to_token.dtype != torch.int32:
+            raise NotImplementedError(f"tpa backend: req_to_token must be int32, got {self.req_to_token.dtype}")
+        self.max_context_len = self.req_to_token.shape[1]
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.forward_metadata: TpaMetadata | None = None
+        self._graph_metadata: dict[int, TpaMetadata] = {}
 
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+    def init_forward_metadata(self, forward_batch):
+        """Eager batches (extend, decode, mixed): metadata from the batch's own tensors."""
         bs = forward_batch.batch_size
         seq_lens = forward_batch.seq_lens.to(torch.int32)
         if forward_batch.forward_mode.is_decode_or_idle():
@@ -48,12 +60,56 @@ class TpaAttnBackend(AttentionBackend):
             lens_cpu = forward_batch.extend_seq_lens_cpu
             max_q = max(lens_cpu) if lens_cpu is not None and len(lens_cpu) else int(cu.diff().max())
         seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
-        max_k = (
-            int(seq_lens_cpu.max()) if seq_lens_cpu is not None and len(seq_lens_cpu) else self.req_to_token.shape[1]
+        # A host bound of the context lengths; without one, the pool's width (always a bound).
+        max_k = int(seq_lens_cpu.max()) if seq_lens_cpu is not None and len(seq_lens_cpu) else self.max_context_len
+        self.forward_metadata = TpaMetadata(
+            self.req_to_token,
+            forward_batch.req_pool_indices,
+            cu,
+            seq_lens,
+            max_q,
+            min(max(1, max_k), self.max_context_len),
         )
-        width = max(1, max_k)
-        block_table = self.req_to_token.index_select(0, forward_batch.req_pool_indices.long())[:, :width]
-        self.forward_metadata = TpaMetadata(block_table.to(torch.int32), cu, seq_lens, max_q, width)
+
+    # CUDA graphs (decode). The captured kernels read static buffers: rows and lengths are copied into them inside
+    # the graph, the query offsets of one-token rows never change, and the context bound is the pool's width, so
+    # the split-KV plan (grid and workspace) is the same at capture and every replay.
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        self._cg_rows = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        self._cg_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+        self._cg_cu = torch.arange(max_bs + 1, dtype=torch.int32, device=self.device)
+        self._graph_metadata = {}
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        # Padded entries see one key (slot req_to_token[row, 0], always a valid pool slot); their output is dropped.
+        return 1
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        mode = forward_batch.forward_mode
+        if not mode.is_decode_or_idle():
+            raise NotImplementedError(f"tpa backend: CUDA graphs are supported for decode batches only, got {mode}")
+        bs = forward_batch.batch_size
+        if bs > self._cg_rows.shape[0]:
+            raise ValueError(
+                f"tpa backend: graph batch size {bs} exceeds init_cuda_graph_state's {self._cg_rows.shape[0]}"
+            )
+        md = self._graph_metadata.get(bs)
+        if md is None:
+            md = TpaMetadata(
+                self.req_to_token, self._cg_rows[:bs], self._cg_cu[: bs + 1], self._cg_seq_lens[:bs], 1,
+                self.max_context_len, in_graph=True,
+            )  # fmt: skip
+            self._graph_metadata[bs] = md
+        self.forward_metadata = md
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        md = self.forward_metadata
+        if md is None or not md.in_graph:
+            return
+        bs = forward_batch.batch_size
+        md.rows.copy_(forward_batch.req_pool_indices[:bs])
+        md.seq_lens.copy_(forward_batch.seq_lens[:bs])
 
     def _attend(self, q, layer, causal: bool, sinks) -> torch.Tensor:
         md = self.forward_metadata
@@ -73,7 +129,7 @@ class TpaAttnBackend(AttentionBackend):
         torch.ops.tpa.paged_attention_out(
             q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
             float(layer.scaling), causal, int(window), float(layer.logit_cap or 0.0), None,
-            sinks.float() if sinks is not None else None, None, None,
+            sinks.float() if sinks is not None else None, None, None, md.rows,
             out=o.view(-1, num_q_heads, head_dim_v),
         )  # fmt: skip
         return o

@@ -15,6 +15,7 @@ from integrations.sglang import BACKEND_NAME, SUPPORTED_SGLANG, register  # noqa
 register()
 
 from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
+from sglang.test.kits.attention_unittest.runner_modes import cuda_graph_decode_runner as graph_kit  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter's fp16/bf16 matrix products are exercised elsewhere; fp32 on CPU keeps this about SGLang glue.
@@ -39,6 +40,68 @@ def test_sglang_version_is_the_supported_one():
 def test_dense_case(case):
     with torch.no_grad():
         kit.run_dense_attention_case(_Case(), case, device=DEVICE, dtype=DTYPE)
+
+
+DECODE_CASES = [c for c in CASES if c.forward_mode.is_decode()]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[c.name for c in DECODE_CASES])
+def test_cuda_graph_metadata_protocol(case):
+    """The kit's CUDA-graph decode flow: metadata for a captured batch size, then a replay with other sequence
+    lengths and padded entries through the same static buffers, matching eager and the reference."""
+    with torch.no_grad():
+        graph_kit.run_dense_cuda_graph_decode_case(_Case(), case, device=DEVICE, dtype=DTYPE)
+
+
+def _graph_replaying_adapter() -> graph_kit.CudaGraphDecodeAdapter:
+    """The kit's dense adapter, with its forward run as a real CUDA graph: captured on the kit's capture batch and
+    replayed after copying the replay batch into the captured tensors (what SGLang's graph runner does)."""
+    state: dict = {}
+
+    def run_forward(fixture, batch, inputs):
+        if "graph" not in state:
+            kit.run_dense_forward(fixture, batch, inputs)  # compiles every kernel before capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fixture.backend.init_forward_metadata_in_graph(batch)
+                out = kit.run_dense_forward(fixture, batch, inputs)
+            state.update(graph=graph, batch=batch, inputs=inputs, out=out)
+            return out
+        static = state["batch"]
+        for name in ("input_ids", "req_pool_indices", "seq_lens", "out_cache_loc", "positions"):
+            getattr(static, name).copy_(getattr(batch, name))
+        state["inputs"]["input_hidden"].copy_(inputs["input_hidden"])
+        state["graph"].replay()
+        return state["out"].clone()
+
+    return graph_kit.CudaGraphDecodeAdapter(
+        build_fixture=kit.build_dense_attention_fixture,
+        make_case=kit.make_dense_case_with_prefix_lens,
+        make_forward_batch=kit._make_forward_batch,
+        fixture_inputs=kit.dense_fixture_inputs,
+        make_capture_inputs=kit.make_dense_random_inputs,
+        make_replay_inputs=kit.make_dense_padded_replay_inputs,
+        prepare_inputs=kit.prepare_dense_runner_inputs,
+        run_eager=kit.run_dense_fixture_eager,
+        run_forward=run_forward,
+        expected_output=kit.expected_dense_output_from_inputs,
+        atol=kit.DENSE_ATOL,
+        rtol=kit.DENSE_RTOL,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[c.name for c in DECODE_CASES])
+def test_decode_under_a_captured_cuda_graph(case):
+    with torch.no_grad():
+        graph_kit._run_cuda_graph_decode_case(
+            _Case(), case, adapter=_graph_replaying_adapter(),
+            build_kwargs=dict(head_dim=kit.DEFAULT_HEAD_DIM, hidden_size=kit.DEFAULT_HIDDEN_SIZE,
+                              max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE),
+            capture_batch_size=graph_kit.DENSE_CUDA_GRAPH_CAPTURE_BATCH_SIZE,
+            max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE,
+        )  # fmt: skip
 
 
 def test_cases_cover_page_sizes_and_head_layouts():

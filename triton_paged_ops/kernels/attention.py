@@ -201,6 +201,7 @@ def _paged_attention_kernel(
     out_ptr,
     lse_ptr,
     block_table_ptr,
+    block_table_rows_ptr,
     cu_seqlens_q_ptr,
     seq_lens_ptr,
     alibi_slopes_ptr,
@@ -213,6 +214,7 @@ def _paged_attention_kernel(
     num_seqs,
     num_tokens,
     max_pages,
+    num_bt_rows,
     num_pages,
     stride_q_t,
     stride_q_h,
@@ -247,6 +249,7 @@ def _paged_attention_kernel(
     HAS_SINKS: tl.constexpr,
     HAS_K_SCALE: tl.constexpr,
     HAS_V_SCALE: tl.constexpr,
+    HAS_BT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     SPLIT_KV: tl.constexpr,
     ONE_BLOCK_PER_SEQ: tl.constexpr,
@@ -274,6 +277,15 @@ def _paged_attention_kernel(
         return
     # Never read past the block table row, whatever seq_lens says.
     kv_len = tl.minimum(tl.load(seq_lens_ptr + seq), max_pages * PAGE_SIZE)
+    if HAS_BT_ROWS:
+        # The sequence's pages are a row picked by index (a request pool's table, used in place).
+        bt_row = tl.load(block_table_rows_ptr + seq).to(tl.int64)
+        # A row outside the table would be an illegal access: the sequence then sees no keys.
+        row_ok = (bt_row >= 0) & (bt_row < num_bt_rows)
+        kv_len = tl.where(row_ok, kv_len, 0)
+        bt_row = tl.where(row_ok, bt_row, 0)
+    else:
+        bt_row = seq.to(tl.int64)
     context_len = kv_len - q_len  # bottom-right alignment: new tokens are the last q_len keys
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -325,7 +337,7 @@ def _paged_attention_kernel(
         kv_lo = tl.maximum(kv_lo, split * segment_len)
         kv_hi = tl.minimum(kv_hi, (split + 1) * segment_len)
 
-    bt_row_ptr = block_table_ptr + seq.to(tl.int64) * stride_bt_b
+    bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
     for start_n in range(kv_lo, kv_hi, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
@@ -372,6 +384,7 @@ def _launch_paged_attention(
     sinks: torch.Tensor | None,
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
+    block_table_rows: torch.Tensor | None,
     out: torch.Tensor,
     lse: torch.Tensor | None,
     interpret: bool,
@@ -400,12 +413,13 @@ def _launch_paged_attention(
     num_blocks = num_seqs if one_block else num_tokens // block_q + num_seqs
     grid = (num_blocks * plan.num_splits, num_kv_heads)
     _paged_attention_kernel[grid](
-        q, k_cache, v_cache, dst_out, dst_lse, block_table, cu_seqlens_q, seq_lens,
+        q, k_cache, v_cache, dst_out, dst_lse, block_table,
+        block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
         alibi_slopes if alibi_slopes is not None else q,
         sinks if sinks is not None else q,
         k_scale if k_scale is not None else q,
         v_scale if v_scale is not None else q,
-        scale, softcap, window_left, num_seqs, num_tokens, block_table.shape[1], num_pages,
+        scale, softcap, window_left, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_pages,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -416,6 +430,7 @@ def _launch_paged_attention(
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
         HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
+        HAS_BT_ROWS=block_table_rows is not None,
         WRITE_LSE=lse is not None or plan.num_splits > 1, SPLIT_KV=plan.num_splits > 1,
         ONE_BLOCK_PER_SEQ=one_block,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
