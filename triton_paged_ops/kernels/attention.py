@@ -388,8 +388,12 @@ def _launch_paged_attention(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     interpret: bool,
+    wrap=lambda kernel: kernel,
 ) -> None:
-    """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``."""
+    """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
+
+    ``wrap`` is applied to each kernel before launch (``torch.library.wrap_triton`` inside a ``triton_op``).
+    """
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v, num_seqs = v_cache.shape[-1], seq_lens.shape[0]
@@ -412,7 +416,7 @@ def _launch_paged_attention(
     one_block = max_seqlen_q <= block_q
     num_blocks = num_seqs if one_block else num_tokens // block_q + num_seqs
     grid = (num_blocks * plan.num_splits, num_kv_heads)
-    _paged_attention_kernel[grid](
+    wrap(_paged_attention_kernel)[grid](
         q, k_cache, v_cache, dst_out, dst_lse, block_table,
         block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
         alibi_slopes if alibi_slopes is not None else q,
@@ -438,4 +442,4 @@ def _launch_paged_attention(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     if plan.num_splits > 1:
-        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse)
+        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse, wrap)

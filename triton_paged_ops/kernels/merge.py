@@ -144,11 +144,15 @@ def _launch_reduce_splits(
     num_seqs: int,
     out: torch.Tensor,
     lse: torch.Tensor | None,
+    wrap=lambda kernel: kernel,
 ) -> None:
-    """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (natural log) into ``out`` and ``lse``."""
+    """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (natural log) into ``out`` and ``lse``.
+
+    ``wrap`` is applied to the kernel before launch (``torch.library.wrap_triton`` inside a ``triton_op``).
+    """
     num_splits, num_tokens, num_heads, head_dim = part_out.shape
     lse_arg = lse if lse is not None else part_lse[0]
-    _reduce_splits_kernel[(num_tokens, num_heads)](
+    wrap(_reduce_splits_kernel)[(num_tokens, num_heads)](
         part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
         *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),

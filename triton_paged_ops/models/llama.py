@@ -89,6 +89,8 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.attention = attention
+        # The op called for attention; swappable so that registrations can be compared on one model.
+        self.attention_op = torch.ops.tpa.paged_attention
         self.qkv = nn.Linear(cfg.hidden, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, bias=False)
         self.o = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden, bias=False)
 
@@ -104,9 +106,7 @@ class Attention(nn.Module):
         scale = cfg.head_dim**-0.5
         if self.attention == "tpa":
             torch.ops.tpa.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
-            out = torch.ops.tpa.paged_attention(
-                q, k_cache, v_cache, *args, batch.max_seqlen_q, batch.max_seqlen_k, scale
-            )
+            out = self.attention_op(q, k_cache, v_cache, *args, batch.max_seqlen_q, batch.max_seqlen_k, scale)
         else:  # the PyTorch reference: eager only (it reads lengths back to the host)
             reference.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
             out = reference.paged_attention(q, k_cache, v_cache, *args, scale)

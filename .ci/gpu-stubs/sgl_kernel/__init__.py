@@ -1,0 +1,41 @@
+"""Import-time stand-in for SGLang's CUDA kernel package (sgl-kernel, several hundred MB) on GPU test machines that
+lack it. SGLang imports it at module level on CUDA; the tpa backend and SGLang's dense attention test kit call none
+of its kernels. Every name, in this module or any submodule, is a function that raises if it is ever called."""
+
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+
+
+def _missing(name: str):
+    def call(*args, **kwargs):
+        raise RuntimeError(f"sgl_kernel.{name} was called, but sgl-kernel is not installed on this machine")
+
+    call.__name__ = name
+    return call
+
+
+def __getattr__(name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _missing(name)
+
+
+class _Submodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith(__name__ + "."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name)
+        module.__path__ = []
+        module.__getattr__ = __getattr__
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_Submodules())

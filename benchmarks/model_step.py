@@ -1,0 +1,236 @@
+"""Decode step of the ~1B Llama-shaped model: ``python -m benchmarks.model_step [--out FILE]`` (needs a CUDA GPU).
+
+One decode step (B sequences, one new token each, ``--context`` cached tokens, 16-token pages randomly permuted) of
+``models.Llama`` with the ``1b`` preset in bf16, timed (median, ``triton.testing.do_bench``) three ways: eager,
+``torch.compile(fullgraph=True)``, and compiled with CUDA graphs (``mode="reduce-overhead"``). In the same run:
+
+- the attention share: every layer's ``reshape_and_cache`` + ``paged_attention`` alone, replayed as a CUDA graph;
+- the step's floor: weights + KV bytes over the HBM read bandwidth measured in this run;
+- the op registration choice: the same step compiled with the attention op registered as a
+  ``torch.library.triton_op`` (kernels wrapped with ``wrap_triton``, visible to Inductor) instead of the project's
+  opaque ``torch.library`` op, and the eager host cost of one call of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from triton_paged_ops import checks
+from triton_paged_ops.bench import hbm_ceilings
+from triton_paged_ops.kernels.attention import _launch_paged_attention
+from triton_paged_ops.models import PRESETS, Llama
+from triton_paged_ops.models.llama import Batch
+
+PAGE_SIZE = 16
+
+
+def register_triton_op():
+    """``tpa_bench::paged_attention``: causal paged attention with the same checks and kernels, as a triton_op."""
+    from torch.library import triton_op, wrap_triton
+
+    @triton_op("tpa_bench::paged_attention", mutates_args=())
+    def paged_attention(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        scale: float,
+    ) -> torch.Tensor:
+        args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
+        checks.check_attention_args(*args, -1, 0.0, None, None, None, None)
+        out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
+        _launch_paged_attention(*args, True, -1, 0.0, None, None, None, None, None, out, None, False, wrap=wrap_triton)
+        return out
+
+    return torch.ops.tpa_bench.paged_attention
+
+
+def decode_batch(batch: int, context: int, vocab: int, device) -> tuple[Batch, int]:
+    """B sequences of ``context`` keys (the last one new), pages randomly permuted; returns the batch, page count."""
+    pages_per_seq = -(-context // PAGE_SIZE)
+    num_pages = batch * pages_per_seq
+    table = torch.randperm(num_pages, device=device).to(torch.int32).view(batch, pages_per_seq)
+    pos = context - 1
+    slots = (table[:, pos // PAGE_SIZE].long() * PAGE_SIZE + pos % PAGE_SIZE).contiguous()
+    return Batch(
+        tokens=torch.randint(0, vocab, (batch,), device=device),
+        positions=torch.full((batch,), pos, device=device),
+        slot_mapping=slots,
+        block_table=table,
+        cu_seqlens_q=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        max_seqlen_q=1,
+        max_seqlen_k=pages_per_seq * PAGE_SIZE,
+    ), num_pages
+
+
+def _bench_ms(fn) -> float:
+    import triton
+
+    return float(triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median"))
+
+
+def _first_call_s(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def _host_us(fn, calls: int = 300) -> float:
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _step_variants(model: Llama, batch: Batch) -> dict:
+    """Step time eager / compiled / compiled + CUDA graphs, and the compile wall time of the first call."""
+    res = {"eager_ms": _bench_ms(lambda: model(batch))}
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    res["compile_s"] = _first_call_s(lambda: compiled(batch))
+    res["compiled_ms"] = _bench_ms(lambda: compiled(batch))
+    torch._dynamo.reset()
+    graphed = torch.compile(model, fullgraph=True, mode="reduce-overhead")
+
+    def graph_step():
+        torch.compiler.cudagraph_mark_step_begin()
+        return graphed(batch)
+
+    res["compile_graphs_s"] = _first_call_s(graph_step)
+    res["compiled_graphs_ms"] = _bench_ms(graph_step)
+    with torch.no_grad():
+        torch.testing.assert_close(graph_step().clone(), model(batch), rtol=3e-2, atol=3e-2)
+    return res
+
+
+def run(batch_size: int, context: int, seed: int = 0) -> dict:
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(seed)
+    cfg = PRESETS["1b"]
+    dev = "cuda"
+    model = Llama(cfg, max_positions=context + 1).init_random(seed).to(device=dev, dtype=torch.bfloat16).eval()
+    batch, num_pages = decode_batch(batch_size, context, cfg.vocab_size, dev)
+    model.setup_cache(num_pages, PAGE_SIZE)
+    for k_cache, v_cache in model.kv_caches():
+        k_cache.normal_()
+        v_cache.normal_()
+    ceil = hbm_ceilings()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Each step reads every sequence's K and V in every layer (the embedding reads only B rows, but is counted whole).
+    kv_bytes = cfg.num_layers * 2 * batch_size * context * cfg.num_kv_heads * cfg.head_dim * 2
+    floor_ms = (weight_bytes + kv_bytes) / (ceil["read_tbps"] * 1e12) * 1e3
+
+    counters.clear()
+    with torch.no_grad():
+        custom = _step_variants(model, batch)
+        custom["cudagraph_skips"] = int(counters["inductor"]["cudagraph_skips"])
+
+        # The attention work alone: each layer's cache write and attention, as one graph replay.
+        q = torch.randn(batch_size, cfg.num_heads, cfg.head_dim, device=dev, dtype=torch.bfloat16)
+        kv = torch.randn(batch_size, cfg.num_kv_heads, cfg.head_dim, device=dev, dtype=torch.bfloat16)
+        caches = model.kv_caches()
+        targs = (batch.block_table, batch.cu_seqlens_q, batch.seq_lens, 1, batch.max_seqlen_k, cfg.head_dim**-0.5)
+
+        def attention_only():
+            for k_cache, v_cache in caches:
+                torch.ops.tpa.reshape_and_cache(kv, kv, k_cache, v_cache, batch.slot_mapping)
+                torch.ops.tpa.paged_attention(q, k_cache, v_cache, *targs)
+
+        attention_only()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            attention_only()
+        attention_ms = _bench_ms(graph.replay)
+
+        triton_op = register_triton_op()
+        host = {
+            "custom_op_us": _host_us(lambda: torch.ops.tpa.paged_attention(q, caches[0][0], caches[0][1], *targs)),
+            "triton_op_us": _host_us(lambda: triton_op(q, caches[0][0], caches[0][1], *targs)),
+        }
+        for block in model.blocks:
+            block.attn.attention_op = triton_op
+        counters.clear()
+        via_triton_op = _step_variants(model, batch)
+        via_triton_op["cudagraph_skips"] = int(counters["inductor"]["cudagraph_skips"])
+        for block in model.blocks:
+            block.attn.attention_op = torch.ops.tpa.paged_attention
+
+    import triton
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "shape": {"preset": "1b", "batch": batch_size, "context": context, "page_size": PAGE_SIZE, "dtype": "bf16"},
+        "ceilings": ceil,
+        "floor_ms": floor_ms,
+        "weight_bytes": weight_bytes,
+        "kv_bytes": kv_bytes,
+        "attention_ms": attention_ms,
+        "custom_op": custom,
+        "triton_op": via_triton_op,
+        "eager_op_host_us": host,
+    }
+
+
+def format_result(r: dict) -> str:
+    c, t = r["custom_op"], r["triton_op"]
+    best = c["compiled_graphs_ms"]
+    lines = [
+        f"{r['gpu']}  torch {r['torch']}  triton {r['triton']}  1b bf16, B={r['shape']['batch']}, "
+        f"context {r['shape']['context']}, page {r['shape']['page_size']}",
+        f"floor (weights {r['weight_bytes'] / 1e9:.2f} GB + KV {r['kv_bytes'] / 1e9:.2f} GB at "
+        f"{r['ceilings']['read_tbps']:.2f} TB/s): {r['floor_ms']:.3f} ms",
+        f"{'registration':<13} {'eager ms':>9} {'compiled':>9} {'+graphs':>9} {'compile s':>10} {'skips':>6}",
+    ]
+    for name, v in (("custom op", c), ("triton_op", t)):
+        lines.append(f"{name:<13} {v['eager_ms']:>9.3f} {v['compiled_ms']:>9.3f} {v['compiled_graphs_ms']:>9.3f} "
+                     f"{v['compile_s'] + v['compile_graphs_s']:>10.1f} {v['cudagraph_skips']:>6}")  # fmt: skip
+    lines.append(
+        f"attention (cache write + attention, all layers, graph replay): {r['attention_ms']:.3f} ms = "
+        f"{r['attention_ms'] / best:.0%} of the compiled+graphs step; step at {r['floor_ms'] / best:.0%} of its floor"
+    )
+    h = r["eager_op_host_us"]
+    lines.append(f"eager host cost of one attention call: custom op {h['custom_op_us']:.1f} µs, "
+                 f"triton_op {h['triton_op_us']:.1f} µs")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.model_step", description=__doc__)
+    p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
+    p.add_argument("--batch", type=int, default=32, help="sequences in the decode step (default 32)")
+    p.add_argument("--context", type=int, default=2048, help="cached tokens per sequence, new one included")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("the model benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = run(args.batch, args.context, args.seed)
+    result["command"] = "python -m benchmarks.model_step " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(format_result(result))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
