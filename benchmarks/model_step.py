@@ -113,8 +113,12 @@ def _step_variants(model: Llama, batch: Batch) -> dict:
 
     res["compile_graphs_s"] = _first_call_s(graph_step)
     res["compiled_graphs_ms"] = _bench_ms(graph_step)
-    with torch.no_grad():
-        torch.testing.assert_close(graph_step().clone(), model(batch), rtol=3e-2, atol=3e-2)
+    got, want = graph_step().float(), model(batch).float()
+    # Whole-model bf16 logits: Inductor's fused kernels round differently from eager; the relative L2 error shows
+    # both ran the same model (garbage would be ~1).
+    res["graphs_vs_eager_rel_l2"] = float((got - want).norm() / want.norm())
+    if not res["graphs_vs_eager_rel_l2"] < 5e-2:
+        raise AssertionError(f"compiled+graphs step differs from eager: {res['graphs_vs_eager_rel_l2']:.3e}")
     return res
 
 
@@ -202,7 +206,8 @@ def format_result(r: dict) -> str:
     ]
     for name, v in (("custom op", c), ("triton_op", t)):
         lines.append(f"{name:<13} {v['eager_ms']:>9.3f} {v['compiled_ms']:>9.3f} {v['compiled_graphs_ms']:>9.3f} "
-                     f"{v['compile_s'] + v['compile_graphs_s']:>10.1f} {v['cudagraph_skips']:>6}")  # fmt: skip
+                     f"{v['compile_s'] + v['compile_graphs_s']:>10.1f} {v['cudagraph_skips']:>6}  "
+                     f"graphs vs eager logits: rel. L2 {v['graphs_vs_eager_rel_l2']:.1e}")  # fmt: skip
     lines.append(
         f"attention (cache write + attention, all layers, graph replay): {r['attention_ms']:.3f} ms = "
         f"{r['attention_ms'] / best:.0%} of the compiled+graphs step; step at {r['floor_ms'] / best:.0%} of its floor"

@@ -1,6 +1,6 @@
 """Import-time stand-in for SGLang's CUDA kernel package (sgl-kernel, several hundred MB) on GPU test machines that
 lack it. SGLang imports it at module level on CUDA; the tpa backend and SGLang's dense attention test kit call none
-of its kernels. Every name, in this module or any submodule, is a function that raises if it is ever called."""
+of its kernels. Every name, in this module or any submodule, is a stand-in that raises if it is ever called."""
 
 import importlib.abc
 import importlib.machinery
@@ -8,18 +8,25 @@ import sys
 import types
 
 
-def _missing(name: str):
-    def call(*args, **kwargs):
-        raise RuntimeError(f"sgl_kernel.{name} was called, but sgl-kernel is not installed on this machine")
+class _Missing:
+    """Stands for any sgl_kernel object: attributes give more stand-ins, calling one raises."""
 
-    call.__name__ = name
-    return call
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Missing(f"{self._name}.{attr}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"sgl_kernel.{self._name} was called, but sgl-kernel is not installed on this machine")
 
 
 def __getattr__(name: str):
     if name.startswith("__"):
         raise AttributeError(name)
-    return _missing(name)
+    return _Missing(name)
 
 
 class _Submodules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
