@@ -303,7 +303,9 @@ def _paged_attention_kernel(
         other=0.0,
     )
 
-    qk_scale = sm_scale
+    # Float arguments arrive as fp64 when Inductor launches the kernel (triton_op): keep the softmax in fp32.
+    qk_scale = tl.cast(sm_scale, tl.float32)
+    softcap = tl.cast(softcap, tl.float32)
     if HAS_K_SCALE:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if not (HAS_SOFTCAP or HAS_ALIBI):
