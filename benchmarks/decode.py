@@ -7,12 +7,11 @@ bandwidth, next to dense SDPA on the same shapes from the same run.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
-from triton_paged_ops.bench import decode_cases, format_records, run_suite
+from triton_paged_ops.bench import decode_cases, finish, format_records, run_suite
 from triton_paged_ops.kernels.attention import attention_config_override
 
 
@@ -38,11 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     with attention_config_override(**{k: int(v) for k, v in forced.items()}):
         result = run_suite(cases, seed=args.seed, with_sdpa=not args.no_sdpa)
     result["config"] = forced
-    result["command"] = "python -m benchmarks.decode " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(format_records(result))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    finish(result, format_records(result), args.out, "benchmarks.decode", argv)
     return 0
 
 

@@ -14,14 +14,13 @@ One decode step (B sequences, one new token each, ``--context`` cached tokens, 1
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 import torch
 
 from triton_paged_ops import checks
-from triton_paged_ops.bench import hbm_ceilings
+from triton_paged_ops.bench import finish, hbm_ceilings, host_time_us
 from triton_paged_ops.kernels.attention import _launch_paged_attention
 from triton_paged_ops.models import PRESETS, Llama
 from triton_paged_ops.models.llama import Batch
@@ -84,17 +83,6 @@ def _first_call_s(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return time.perf_counter() - start
-
-
-def _host_us(fn, calls: int = 300) -> float:
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 def _step_variants(model: Llama, batch: Batch) -> dict:
@@ -165,8 +153,8 @@ def run(batch_size: int, context: int, seed: int = 0) -> dict:
 
         triton_op = register_triton_op()
         host = {
-            "custom_op_us": _host_us(lambda: torch.ops.tpa.paged_attention(q, caches[0][0], caches[0][1], *targs)),
-            "triton_op_us": _host_us(lambda: triton_op(q, caches[0][0], caches[0][1], *targs)),
+            "custom_op_us": host_time_us(lambda: torch.ops.tpa.paged_attention(q, caches[0][0], caches[0][1], *targs)),
+            "triton_op_us": host_time_us(lambda: triton_op(q, caches[0][0], caches[0][1], *targs)),
         }
         for block in model.blocks:
             block.attn.attention_op = triton_op
@@ -229,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         print("the model benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     result = run(args.batch, args.context, args.seed)
-    result["command"] = "python -m benchmarks.model_step " + " ".join(argv if argv is not None else sys.argv[1:])
-    print(format_result(result))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    finish(result, format_result(result), args.out, "benchmarks.model_step", argv)
     return 0
 
 

@@ -8,26 +8,13 @@ argument checks, the launcher without its kernels, and the Triton launches alone
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 
 import torch
 
 from triton_paged_ops import api, checks, ops
-from triton_paged_ops.bench import Case, build_inputs
+from triton_paged_ops.bench import Case, build_inputs, finish, host_time_us
 from triton_paged_ops.kernels.attention import _launch_paged_attention
-
-
-def _us(fn, calls: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
 
 
 class _Recorder:
@@ -57,17 +44,25 @@ def measure(num_seqs: int, context: int, calls: int = 2000) -> dict:
     out = inp.out
     launch_args = (q, k, v, bt, cu, sl, max_q, max_k, scale, True, -1, 0.0, None, None, None, None, None, out, None)
     res = {
-        "api_wrapper": _us(lambda: api.paged_attention_out(*inp.args, out=out), calls),
-        "torch_ops_call": _us(lambda: torch.ops.tpa.paged_attention_out(*inp.args, out=out), calls),
-        "op_body": _us(lambda: ops._attention(*inp.args, out=out, op="paged_attention_out", fake=False), calls),
-        "checks": _us(lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls),
-        "launcher_without_kernels": _us(lambda: _launch_paged_attention(*launch_args, False, _Recorder(False)), calls),
+        "api_wrapper": host_time_us(lambda: api.paged_attention_out(*inp.args, out=out), calls),
+        "torch_ops_call": host_time_us(lambda: torch.ops.tpa.paged_attention_out(*inp.args, out=out), calls),
+        "op_body": host_time_us(
+            lambda: ops._attention(*inp.args, out=out, op="paged_attention_out", fake=False), calls
+        ),
+        "checks": host_time_us(
+            lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls
+        ),
+        "launcher_without_kernels": host_time_us(
+            lambda: _launch_paged_attention(*launch_args, False, _Recorder(False)), calls
+        ),
     }
     rec = _Recorder(False)
     _launch_paged_attention(*launch_args, False, rec)
     for i, (kernel, grid, args, kwargs) in enumerate(rec.launches):
         run = kernel[grid]
-        res[f"triton_launch_{i}_{kernel.fn.__name__}"] = _us(lambda r=run, a=args, kw=kwargs: r(*a, **kw), calls)
+        res[f"triton_launch_{i}_{kernel.fn.__name__}"] = host_time_us(
+            lambda r=run, a=args, kw=kwargs: r(*a, **kw), calls
+        )
     res["num_launches"] = len(rec.launches)
     return res
 
@@ -83,12 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     res = measure(args.seqs, args.context)
     res["gpu"], res["torch"] = torch.cuda.get_device_name(), torch.__version__
-    res["command"] = "python -m benchmarks.overhead " + " ".join(argv if argv is not None else sys.argv[1:])
-    for key, val in res.items():
-        print(f"{key:<40} {val:.1f} µs" if isinstance(val, float) else f"{key:<40} {val}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+    text = "\n".join(f"{k:<40} {v:.1f} µs" if isinstance(v, float) else f"{k:<40} {v}" for k, v in res.items())
+    finish(res, text, args.out, "benchmarks.overhead", argv)
     return 0
 
 

@@ -152,19 +152,36 @@ def sdpa_dense_us(case: Case, seed: int) -> float:
     return time_graph(lambda: sdpa(q, k, v, enable_gqa=case.num_q_heads != case.num_kv_heads))
 
 
-def host_overhead_us(calls: int = 300) -> float:
-    """Eager wall time of one small decode call (Python, checks, launch): GPU work is too small to matter."""
+def host_time_us(fn, calls: int = 300, warmup: int = 10) -> float:
+    """Mean wall time of ``fn()`` in µs over ``calls`` back-to-back calls, device work included at the end."""
     import time
 
-    inp = build_inputs(Case("overhead", [256] * 4), seed=0)
-    for _ in range(10):
-        api.paged_attention_out(*inp.args, out=inp.out)
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(calls):
-        api.paged_attention_out(*inp.args, out=inp.out)
+        fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / calls * 1e6
+
+
+def host_overhead_us(calls: int = 300) -> float:
+    """Eager wall time of one small decode call (Python, checks, launch): GPU work is too small to matter."""
+    inp = build_inputs(Case("overhead", [256] * 4), seed=0)
+    return host_time_us(lambda: api.paged_attention_out(*inp.args, out=inp.out), calls)
+
+
+def finish(result: dict, text: str, out: str | None, prog: str, argv: list[str] | None) -> None:
+    """Record the command line in ``result``, print ``text``, and write ``result`` as JSON to ``out`` if given."""
+    import json
+    import sys
+
+    result["command"] = f"python -m {prog} " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 def _git_sha() -> str:
