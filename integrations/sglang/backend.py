@@ -16,6 +16,8 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 import triton_paged_ops  # noqa: F401  (registers torch.ops.tpa)
 
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Speculative decoding (target verify, draft extend) and diffusion modes need masks/metadata this backend lacks.
+_EAGER_MODES = ("EXTEND", "MIXED", "DECODE", "IDLE")
 
 
 @dataclasses.dataclass
@@ -49,6 +51,9 @@ class TpaAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch):
         """Eager batches (extend, decode, mixed): metadata from the batch's own tensors."""
+        mode = forward_batch.forward_mode
+        if mode.name not in _EAGER_MODES:
+            raise NotImplementedError(f"tpa backend: forward mode {mode.name} is not supported (only {_EAGER_MODES})")
         bs = forward_batch.batch_size
         seq_lens = forward_batch.seq_lens.to(torch.int32)
         if forward_batch.forward_mode.is_decode_or_idle():

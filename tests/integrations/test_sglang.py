@@ -133,3 +133,20 @@ def test_plugin_entry_point_registers_the_backend():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "backend=tpa" in done.stdout
+
+
+def test_unsupported_forward_modes_are_refused_clearly():
+    from types import SimpleNamespace
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from integrations.sglang.backend import TpaAttnBackend
+
+    backend = TpaAttnBackend.__new__(TpaAttnBackend)
+    backend._cg_rows = torch.zeros(4, dtype=torch.int64)
+    for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
+        batch = SimpleNamespace(forward_mode=mode, batch_size=2)
+        with pytest.raises(NotImplementedError, match="not supported"):
+            backend.init_forward_metadata(batch)
+        with pytest.raises(NotImplementedError, match="decode batches only"):
+            backend.init_forward_metadata_out_graph(batch, in_capture=True)
