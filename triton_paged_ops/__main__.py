@@ -1,5 +1,5 @@
 """Command line: ``python -m triton_paged_ops`` runs the self-check of every op against the reference;
-``python -m triton_paged_ops demo`` runs the model demo."""
+sub-commands ``demo`` (the model demo) and ``tune`` (measure launch configs for this GPU)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,30 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--new-tokens", type=int, default=16, help="tokens to generate per request, at most (default 16)")
     demo.add_argument("--max-batch", type=int, default=4, help="requests decoded together, at most (default 4)")
     demo.add_argument("--no-compile", action="store_true", help="run the model eagerly")
+    tune = sub.add_parser(
+        "tune",
+        help="measure launch configs on this GPU and write the best to the user config file",
+        description="For each (dtype, head dim, regime) group, time every candidate config over representative "
+        "shapes, check the winner against the reference, and write it to the user config file (which overrides "
+        "the shipped tables). Resumes an interrupted run: groups already tuned with the same candidates are "
+        "skipped. Without a GPU it runs under Triton's interpreter on tiny shapes (useful only for testing).",
+    )
+    tune.add_argument("--dtype", nargs="+", choices=sorted(_DTYPES), default=["bf16"], help="dtypes (default bf16)")
+    tune.add_argument("--head-dim", nargs="+", type=int, default=[128], help="head dims (default 128)")
+    tune.add_argument(
+        "--regime", nargs="+", choices=("decode", "short", "prefill"), default=["decode", "short", "prefill"],
+        help="query regimes: decode (1 token), short (<= 16 tokens), prefill (default: all three)",
+    )  # fmt: skip
+    tune.add_argument("--num-heads", type=int, default=32, help="query heads of the tuning shapes (default 32)")
+    tune.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the tuning shapes (default 8)")
+    tune.add_argument("--page-size", type=int, default=16, help="page size of the tuning shapes (default 16)")
+    tune.add_argument("--quick", action="store_true", help="fewer candidates and shapes (minutes, not an hour)")
+    tune.add_argument("--out", default=None, help="config file to write (default: $TPA_CONFIG_FILE or the user cache)")
+    tune.add_argument("--fresh", action="store_true", help="re-tune groups already in the file")
     return p
+
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +75,26 @@ def main(argv: list[str] | None = None) -> int:
         preset = args.preset or ("1b" if device != "cpu" else "tiny")
         seed = args.seed if args.seed is not None else 0
         return run_demo(preset, args.requests, args.new_tokens, args.max_batch, not args.no_compile, device, seed)
+
+    if args.command == "tune":
+        from pathlib import Path
+
+        from triton_paged_ops.tune import tune
+
+        for name, vals in (("--head-dim", args.head_dim), ("--num-heads", [args.num_heads]),
+                           ("--num-kv-heads", [args.num_kv_heads]), ("--page-size", [args.page_size])):  # fmt: skip
+            if any(v < 1 for v in vals):
+                print(f"{name} must be positive, got {vals}", file=sys.stderr)
+                return 2
+        if args.num_heads % args.num_kv_heads:
+            print("--num-heads must be a multiple of --num-kv-heads", file=sys.stderr)
+            return 2
+        tune(
+            [getattr(torch, _DTYPES[d]) for d in args.dtype], args.head_dim, args.regime,
+            num_q_heads=args.num_heads, num_kv_heads=args.num_kv_heads, page_size=args.page_size, device=device,
+            quick=args.quick, out=Path(args.out) if args.out else None, fresh=args.fresh,
+        )  # fmt: skip
+        return 0
 
     import triton
 

@@ -99,24 +99,24 @@ class Inputs:
     flops: float
 
 
-def build_inputs(case: Case, seed: int) -> Inputs:
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
+    gen = torch.Generator(device=device).manual_seed(seed)
     ps, hkv, d = case.page_size, case.num_kv_heads, case.head_dim
     pages = [math.ceil(n / ps) for n in case.kv_lens]
     num_pages = sum(pages)
-    k_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device="cuda").to(case.dtype)
-    v_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device="cuda").to(case.dtype)
-    perm = torch.randperm(num_pages, generator=gen, device="cuda").to(torch.int32)
+    k_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device=device).to(case.dtype)
+    v_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device=device).to(case.dtype)
+    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
     width = max(pages)
-    block_table = torch.zeros(len(pages), width, dtype=torch.int32, device="cuda")
+    block_table = torch.zeros(len(pages), width, dtype=torch.int32, device=device)
     offsets = [0, *torch.tensor(pages).cumsum(0).tolist()]
     for b, n in enumerate(pages):
         block_table[b, :n] = perm[offsets[b] : offsets[b] + n]
     b = len(case.kv_lens)
-    q = torch.randn(b * case.q_len, case.num_q_heads, d, generator=gen, device="cuda").to(case.dtype)
-    cu = torch.arange(b + 1, device="cuda", dtype=torch.int32) * case.q_len
-    seq_lens = torch.tensor(case.kv_lens, dtype=torch.int32, device="cuda")
-    out = torch.empty(b * case.q_len, case.num_q_heads, d, device="cuda", dtype=case.dtype)
+    q = torch.randn(b * case.q_len, case.num_q_heads, d, generator=gen, device=device).to(case.dtype)
+    cu = torch.arange(b + 1, device=device, dtype=torch.int32) * case.q_len
+    seq_lens = torch.tensor(case.kv_lens, dtype=torch.int32, device=device)
+    out = torch.empty(b * case.q_len, case.num_q_heads, d, device=device, dtype=case.dtype)
     tokens = sum(case.kv_lens)
     elem = torch.finfo(case.dtype).bits // 8
     kv_bytes = 2 * tokens * hkv * d * elem

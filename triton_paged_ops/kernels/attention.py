@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_paged_ops import configs
 from triton_paged_ops.kernels.merge import _launch_reduce_splits
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, forced_split_plan, num_sms_of, plan_splits
 
@@ -149,12 +150,13 @@ _config_override: dict[str, int] | None = None
 
 @contextlib.contextmanager
 def attention_config_override(**cfg: int) -> Iterator[None]:
-    """Force launch options (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``, ``num_splits``) in a block.
+    """Force launch options in a block: tiles (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``), the split
+    policy (``programs_per_sm``, ``min_segment``, ``max_segment``) or a fixed split count (``num_splits``).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
     global _config_override
-    unknown = set(cfg) - {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "num_splits"}
+    unknown = set(cfg) - {*configs.CONFIG_KEYS, "num_splits"}
     if unknown:
         raise ValueError(f"unknown attention config keys: {sorted(unknown)}")
     previous, _config_override = _config_override, cfg
@@ -165,12 +167,18 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
 
 
 def select_attention_config(
-    head_dim_pad: int, group: int, dtype: torch.dtype, max_seqlen_q: int, interpret: bool
+    head_dim_pad: int,
+    group: int,
+    dtype: torch.dtype,
+    max_seqlen_q: int,
+    interpret: bool,
+    device_index: int | None = None,
 ) -> dict[str, int]:
-    """Tile sizes and launch options for one call: the single place that chooses them.
+    """Tile sizes, launch options and split policy for one call: the single place that chooses them.
 
-    Keys only on values fixed per model (head dim, GQA group, dtype) plus the regime (decode vs prefill, from the
-    host-side bound ``max_seqlen_q``), so a serving loop compiles a bounded set of variants.
+    A tuned table entry for this GPU (``configs.lookup``) wins over the built-in heuristic, and an active
+    ``attention_config_override`` over both. Keys only on values fixed per model (head dim, GQA group, dtype) plus
+    the regime (from the host-side bound ``max_seqlen_q``), so a serving loop compiles a bounded set of variants.
     """
     group_pad = triton.next_power_of_2(group)
     if interpret:
@@ -186,6 +194,12 @@ def select_attention_config(
             block_m, block_n = max(64 if head_dim_pad > 128 else 128, group_pad), 32 if head_dim_pad > 128 else 64
         num_warps = 4 if block_m <= 64 else 8
         cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
+    tuned = configs.lookup(None if interpret else device_index, dtype, head_dim_pad,
+                           configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN))  # fmt: skip
+    if tuned:
+        cfg.update(tuned)
+        # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
+        cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -403,9 +417,12 @@ def _launch_paged_attention(
         return
     group = num_q_heads // num_kv_heads
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg = select_attention_config(head_dim_pad, group, q.dtype, max_seqlen_q, interpret)
+    cfg = select_attention_config(head_dim_pad, group, q.dtype, max_seqlen_q, interpret, q.device.index)
     block_q = max(1, cfg["BLOCK_M"] // group)
-    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms_of(q.device))
+    policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
+    plan = plan_splits(
+        num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms_of(q.device), **policy
+    )
     if "num_splits" in cfg:
         plan = forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     dst_out, dst_lse = out, lse if lse is not None else out

@@ -1,0 +1,175 @@
+"""Config tables: lookup order (user file, shipped tables, heuristic), bad files, and tune end to end (interpreter,
+fake timers)."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from triton_paged_ops import configs
+from triton_paged_ops.__main__ import main
+from triton_paged_ops.kernels.attention import select_attention_config
+from triton_paged_ops.tune import candidates, shape_grid, tune
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRET = DEVICE == "cpu"
+DEVICE_INDEX = None if INTERPRET else torch.cuda.current_device()
+
+
+def _identity() -> tuple[str, str]:
+    return configs.device_identity(DEVICE_INDEX)
+
+
+def _file(entries: list[dict], triton_ver: str | None = None, schema: int = configs.SCHEMA) -> dict:
+    gpu, cap = _identity()
+    return {"schema": schema, "tables": [{"gpu": gpu, "capability": cap, "triton": triton_ver or
+                                          configs.triton_version(), "entries": entries}]}  # fmt: skip
+
+
+def _entry(block_n: int, regime: str = "decode", head_dim: int = 64, **extra) -> dict:
+    return {"dtype": "float16", "head_dim": head_dim, "regime": regime,
+            "config": {"BLOCK_N": block_n, "num_warps": 4, **extra}}  # fmt: skip
+
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """Point the user file and the shipped-table directory at fresh temporary places."""
+    user = tmp_path / "user" / "configs.json"
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    monkeypatch.setenv("TPA_CONFIG_FILE", str(user))
+    monkeypatch.setattr(configs, "SHIPPED_DIR", shipped)
+    configs.reload()
+    yield user, shipped
+    configs.reload()
+
+
+def _block_n(regime_q: int = 1, head_dim: int = 64, group: int = 2) -> int:
+    return select_attention_config(head_dim, group, torch.float16, regime_q, INTERPRET, DEVICE_INDEX)["BLOCK_N"]
+
+
+def test_user_file_beats_shipped_table_beats_heuristic(tables):
+    user, shipped = tables
+    heuristic = _block_n()
+    assert heuristic != 16
+    (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32)])))
+    configs.reload()
+    assert _block_n() == 32
+    user.parent.mkdir()
+    user.write_text(json.dumps(_file([_entry(16)])))
+    configs.reload()
+    assert _block_n() == 16
+    # Other regimes and head dims are not covered by those entries: heuristic there.
+    assert _block_n(regime_q=300) == select_attention_config(64, 2, torch.float16, 300, INTERPRET, None)["BLOCK_N"]
+    assert _block_n(head_dim=128) != 16
+
+
+def test_table_tile_height_grows_to_hold_a_wide_gqa_group(tables):
+    user, _ = tables
+    user.parent.mkdir()
+    user.write_text(json.dumps(_file([_entry(32, BLOCK_M=16)])))
+    configs.reload()
+    cfg = select_attention_config(64, 32, torch.float16, 1, INTERPRET, DEVICE_INDEX)
+    assert cfg["BLOCK_N"] == 32 and cfg["BLOCK_M"] >= 32
+
+
+@pytest.mark.parametrize(
+    "content,warning",
+    [
+        ("{not json", "corrupt JSON"),
+        (json.dumps({"schema": 99, "tables": []}), "not a schema-1"),
+        (json.dumps(_file([_entry(48)])), "BLOCK_N must be a power of two"),
+        (json.dumps(_file([{"dtype": "float16", "regime": "decode"}])), "malformed entry"),
+        (json.dumps(_file([_entry(32, regime="sometimes")])), "unknown regime"),
+        (json.dumps(_file([_entry(32, num_warps=3)])), "num_warps"),
+    ],
+    ids=["corrupt", "schema", "bad-tile", "malformed", "regime", "warps"],
+)
+def test_bad_user_file_warns_and_falls_back(tables, content, warning):
+    user, shipped = tables
+    (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32)])))
+    user.parent.mkdir()
+    user.write_text(content)
+    configs.reload()
+    with pytest.warns(RuntimeWarning, match=warning):
+        assert _block_n() == 32  # the shipped entry, as if the user file were absent
+
+
+def test_tables_of_another_triton_version_are_not_used(tables):
+    user, _ = tables
+    user.parent.mkdir()
+    user.write_text(json.dumps(_file([_entry(16)], triton_ver="2.0")))
+    configs.reload()
+    assert _block_n() == select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)["BLOCK_N"] != 16
+
+
+def test_unreadable_user_path_does_not_crash(tables, monkeypatch, tmp_path):
+    monkeypatch.setenv("TPA_CONFIG_FILE", str(tmp_path))  # a directory, not a file
+    configs.reload()
+    with pytest.warns(RuntimeWarning, match="cannot be read"):
+        assert _block_n() == select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)["BLOCK_N"]
+
+
+def _cost(cfg: dict) -> float:
+    """A fake timer's rule: cost grows with the KV tile, then with the query tile."""
+    return cfg["BLOCK_N"] * 10 + cfg.get("BLOCK_M", 0)
+
+
+class CountingTimer:
+    """Runs each candidate for real (so it must compile and run) but reports the fake cost; can stop mid-way."""
+
+    def __init__(self, stop_after: int | None = None):
+        self.calls, self.stop_after = 0, stop_after
+
+    def __call__(self, fn, cfg):
+        if self.stop_after is not None and self.calls >= self.stop_after:
+            raise KeyboardInterrupt
+        self.calls += 1
+        fn()
+        return float(_cost(cfg))
+
+
+@pytest.mark.skipif(not INTERPRET, reason="tiny interpreter grid; GPU tuning is recorded separately")
+def test_tune_end_to_end_is_deterministic_and_resumable(tables):
+    user, _ = tables
+    regimes = ["decode", "short"]
+    kw = {"num_q_heads": 4, "num_kv_heads": 2, "page_size": 16, "device": "cpu", "stream": io.StringIO()}
+    per_group = {r: len(candidates(r, True, False)) * len(shape_grid(r, 64, 4, 2, 16, torch.float16, True, False))
+                 for r in regimes}  # fmt: skip
+    # Interrupted during the second group: the first is already written.
+    timer = CountingTimer(stop_after=per_group["decode"] + 1)
+    with pytest.raises(KeyboardInterrupt):
+        tune([torch.float16], [64], regimes, timer=timer, **kw)
+    written = configs.read_file(user)
+    assert {k[5] for k in written} == {"decode"}
+    # The rerun measures only the missing group.
+    timer = CountingTimer()
+    tune([torch.float16], [64], regimes, timer=timer, **kw)
+    assert timer.calls == per_group["short"]
+    for regime in regimes:
+        want = min(candidates(regime, True, False), key=_cost)  # first minimum: the tie-break rule
+        gpu, cap = _identity()
+        key = configs.entry_key(gpu, cap, configs.triton_version(), "float16", 64, regime)
+        assert configs.read_file(user)[key] == want
+        assert configs.lookup(None, torch.float16, 64, regime) == want
+    # A third run has nothing left to do; --fresh measures everything again.
+    timer = CountingTimer()
+    tune([torch.float16], [64], regimes, timer=timer, **kw)
+    assert timer.calls == 0
+    tune([torch.float16], [64], regimes, timer=timer, fresh=True, **kw)
+    assert timer.calls == sum(per_group.values())
+
+
+def test_tune_command_line_arguments(tables, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--dtype", "int8"])
+    assert exc.value.code == 2
+    assert main(["tune", "--num-heads", "6", "--num-kv-heads", "4"]) == 2
+    assert "multiple of --num-kv-heads" in capsys.readouterr().err
+    assert main(["tune", "--head-dim", "0"]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["tune", "--help"])
+    assert exc.value.code == 0 and "--quick" in capsys.readouterr().out

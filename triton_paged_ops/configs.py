@@ -1,0 +1,192 @@
+"""Launch-config tables: measured configs per (GPU, compute capability, triton version, dtype, head dim, regime).
+
+A config fixes the attention kernel's tiles and launch options for one regime — ``decode`` (one query token per
+sequence), ``short`` (up to 16, e.g. speculative verification) or ``prefill`` — and, for the first two, the split-KV
+policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written
+by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the built-in
+heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
+
+File format (JSON)::
+
+    {"schema": 1,
+     "tables": [{"gpu": "NVIDIA H200", "capability": "9.0", "triton": "3.6",
+                 "entries": [{"dtype": "bfloat16", "head_dim": 128, "regime": "decode",
+                              "config": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, ...}}]}]}
+
+``head_dim`` is the padded head dim (the next power of two, at least 16). A file that cannot be read or has another
+schema is skipped with a warning, as is any entry whose config is not valid; nothing here raises on bad files.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import warnings
+from pathlib import Path
+
+import torch
+import triton
+
+SCHEMA = 1
+REGIMES = ("decode", "short", "prefill")
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment")
+CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS
+SHIPPED_DIR = Path(__file__).parent / "configs"
+
+
+def user_config_path() -> Path:
+    """Where ``tune`` writes and lookups read the user's configs: ``$TPA_CONFIG_FILE`` or the user cache dir."""
+    env = os.environ.get("TPA_CONFIG_FILE")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "triton_paged_ops" / "configs.json"
+
+
+def triton_version() -> str:
+    return ".".join(triton.__version__.split(".")[:2])
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@functools.lru_cache(maxsize=16)
+def device_identity(device_index: int | None) -> tuple[str, str]:
+    """(GPU name, compute capability) of a CUDA/ROCm device; ``("interpreter", "0.0")`` for ``None`` (CPU runs)."""
+    if device_index is None:
+        return "interpreter", "0.0"
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return torch.cuda.get_device_name(device_index), f"{major}.{minor}"
+
+
+def regime_of(max_seqlen_q: int, short_limit: int) -> str:
+    if max_seqlen_q <= 1:
+        return "decode"
+    return "short" if max_seqlen_q <= short_limit else "prefill"
+
+
+def validate_config(cfg: object) -> str | None:
+    """Why ``cfg`` is not a usable config, or None if it is."""
+    if not isinstance(cfg, dict) or not cfg:
+        return "config must be a non-empty object"
+    for key, val in cfg.items():
+        if key not in CONFIG_KEYS:
+            return f"unknown key {key!r}"
+        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+            return f"{key} must be a positive integer, got {val!r}"
+    for key in ("BLOCK_M", "BLOCK_N"):
+        if key in cfg and (cfg[key] < 16 or cfg[key] & (cfg[key] - 1)):
+            return f"{key} must be a power of two >= 16, got {cfg[key]}"
+    if cfg.get("num_warps", 4) not in (1, 2, 4, 8, 16):
+        return f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']}"
+    if cfg.get("num_stages", 2) > 8:
+        return f"num_stages must be <= 8, got {cfg['num_stages']}"
+    if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
+        return "min_segment must not exceed max_segment"
+    return None
+
+
+def entry_key(gpu: str, capability: str, triton_ver: str, dtype: str, head_dim: int, regime: str) -> tuple:
+    return (gpu, capability, triton_ver, dtype, int(head_dim), regime)
+
+
+def parse_tables(data: object, source: str) -> dict[tuple, dict]:
+    """Entries of a parsed config file by ``entry_key``; invalid parts are skipped with a warning."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("tables"), list):
+        warnings.warn(f"{source}: not a schema-{SCHEMA} tpa config file; ignored", RuntimeWarning, stacklevel=3)
+        return {}
+    out: dict[tuple, dict] = {}
+    for table in data["tables"]:
+        try:
+            head = (str(table["gpu"]), str(table["capability"]), str(table["triton"]))
+            entries = list(table["entries"])
+        except (KeyError, TypeError):
+            warnings.warn(f"{source}: a table lacks gpu/capability/triton/entries; skipped", RuntimeWarning, 3)
+            continue
+        for e in entries:
+            try:
+                key = entry_key(*head, str(e["dtype"]), int(e["head_dim"]), str(e["regime"]))
+                cfg = e["config"]
+            except (KeyError, TypeError, ValueError):
+                warnings.warn(f"{source}: malformed entry {e!r}; skipped", RuntimeWarning, stacklevel=3)
+                continue
+            why = validate_config(cfg) or (None if key[5] in REGIMES else f"unknown regime {key[5]!r}")
+            if why:
+                warnings.warn(f"{source}: entry {key[3:]} for {head[0]}: {why}; skipped", RuntimeWarning, 3)
+                continue
+            out[key] = dict(cfg)
+    return out
+
+
+def read_file(path: Path) -> dict[tuple, dict]:
+    """Entries of one file; a missing file is empty, an unreadable or corrupt one is empty with a warning."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        warnings.warn(f"{path}: cannot be read ({exc}); using the shipped tables", RuntimeWarning, stacklevel=2)
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        warnings.warn(f"{path}: corrupt JSON ({exc}); using the shipped tables", RuntimeWarning, stacklevel=2)
+        return {}
+    return parse_tables(data, str(path))
+
+
+@functools.lru_cache(maxsize=1)
+def _tables() -> tuple[dict[tuple, dict], dict[tuple, dict]]:
+    shipped: dict[tuple, dict] = {}
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        shipped.update(read_file(path))
+    return read_file(user_config_path()), shipped
+
+
+def reload() -> None:
+    """Forget the loaded tables (after the user file or ``$TPA_CONFIG_FILE`` changed)."""
+    _tables.cache_clear()
+    lookup.cache_clear()
+
+
+@functools.lru_cache(maxsize=256)
+def lookup(device_index: int | None, dtype: torch.dtype, head_dim_pad: int, regime: str) -> dict | None:
+    """The tuned config for this device and problem class: the user's, else the shipped one, else None."""
+    gpu, cap = device_identity(device_index)
+    key = entry_key(gpu, cap, triton_version(), dtype_name(dtype), head_dim_pad, regime)
+    user, shipped = _tables()
+    cfg = user.get(key) or shipped.get(key)
+    return dict(cfg) if cfg else None
+
+
+def write_entry(path: Path, gpu: str, capability: str, dtype: str, head_dim: int, regime: str, config: dict,
+                extra: dict | None = None) -> None:  # fmt: skip
+    """Add or replace one entry in a config file (created if needed; a corrupt file is replaced), atomically."""
+    data: dict = {"schema": SCHEMA, "tables": []}
+    if path.exists():
+        try:
+            loaded = json.loads(path.read_text())
+            if isinstance(loaded, dict) and loaded.get("schema") == SCHEMA and isinstance(loaded.get("tables"), list):
+                data = loaded
+        except (OSError, ValueError):
+            pass
+    head = {"gpu": gpu, "capability": capability, "triton": triton_version()}
+    table = next((t for t in data["tables"] if isinstance(t, dict) and all(t.get(k) == v for k, v in head.items())),
+                 None)  # fmt: skip
+    if table is None:
+        table = {**head, "entries": []}
+        data["tables"].append(table)
+    same = (dtype, head_dim, regime)
+    table["entries"] = [
+        e for e in table.get("entries", [])
+        if not (isinstance(e, dict) and (e.get("dtype"), e.get("head_dim"), e.get("regime")) == same)
+    ]  # fmt: skip
+    table["entries"].append({"dtype": dtype, "head_dim": head_dim, "regime": regime, "config": config, **(extra or {})})
+    table["entries"].sort(key=lambda e: (str(e.get("dtype")), int(e.get("head_dim", 0)), str(e.get("regime"))))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)

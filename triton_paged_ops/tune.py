@@ -1,0 +1,208 @@
+"""``python -m triton_paged_ops tune``: measure launch configs on this GPU and write the winners to the user file.
+
+For each (dtype, head dim, regime) group, every candidate config runs over a small grid of representative shapes;
+the candidate with the least total time wins (ties go to the earlier candidate, so the result is a function of the
+measurements alone), is checked against the reference, and is written at once to the user config file — so an
+interrupted run resumes where it stopped (groups already in the file with the same candidate list are skipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from triton_paged_ops import api, configs
+from triton_paged_ops.bench import Case, build_inputs, check_case
+from triton_paged_ops.kernels.attention import attention_config_override
+
+# (fn, config) -> µs. The real timer ignores the config; tests pass fake ones that cost configs by rule.
+Timer = Callable[[Callable[[], object], dict], float]
+
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    dtype: torch.dtype
+    head_dim: int
+    regime: str
+
+    def label(self) -> str:
+        return f"{configs.dtype_name(self.dtype)} D{self.head_dim} {self.regime}"
+
+
+def candidates(regime: str, interpret: bool, quick: bool) -> list[dict]:
+    """Configs to try, in a fixed order (the tie-break order)."""
+    if interpret:
+        # The interpreter's cost is per tile step: only tile shapes matter there.
+        return [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": 4, "num_stages": 1} for m, n in ((128, 128), (64, 64))]
+    if regime == "decode":
+        space = {"BLOCK_N": (64, 128), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
+        if not quick:
+            space = {"BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
+                     "programs_per_sm": (2, 4, 8)}  # fmt: skip
+    elif regime == "short":
+        space = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "num_warps": (4,), "num_stages": (2, 3)}
+        if not quick:
+            space = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
+    else:
+        space = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
+        if not quick:
+            space = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3, 4)}
+    keys = list(space)
+    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+
+
+def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
+               dtype: torch.dtype, interpret: bool, quick: bool) -> list[Case]:  # fmt: skip
+    """Representative problems of a regime (decode batches small and large, short and long contexts)."""
+    common = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
+              "page_size": page_size, "dtype": dtype}  # fmt: skip
+    q_len = {"decode": 1, "short": 4, "prefill": 256}[regime]
+    if interpret:
+        lens = [[40, 7], [65]] if regime != "prefill" else [[160]]
+        return [Case(f"{regime}{i}", kv, q_len=min(q_len, 24), **common) for i, kv in enumerate(lens)]
+    if regime == "prefill":
+        lens = [[2048] * 2, [4096]] if quick else [[2048] * 4, [8192], [4096] * 2]
+        return [Case(f"prefill{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
+    lens = [[8192] * 4, [2048] * 64] if quick else [[32768], [4096] * 8, [4096] * 32, [8192] * 64, [2048] * 256]
+    return [Case(f"{regime}{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
+
+
+def gpu_timer(fn: Callable[[], object], config: dict) -> float:
+    from triton_paged_ops.bench import time_graph
+
+    return time_graph(fn, inner=10, reps=15)
+
+
+def wall_timer(fn: Callable[[], object], config: dict) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e6
+
+
+def _fingerprint(cands: list[dict], cases: list[Case]) -> str:
+    text = json.dumps([cands, [(c.kv_lens, c.q_len) for c in cases]], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _done_groups(path: Path) -> dict[tuple, str]:
+    """Fingerprints of the groups already tuned (for this GPU and triton) in the user file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    done = {}
+    for table in data.get("tables", []) if isinstance(data, dict) else []:
+        if not isinstance(table, dict):
+            continue
+        for e in table.get("entries", []):
+            if isinstance(e, dict) and "fingerprint" in e:
+                key = (table.get("gpu"), table.get("capability"), table.get("triton"), e.get("dtype"),
+                       e.get("head_dim"), e.get("regime"))  # fmt: skip
+                done[key] = e["fingerprint"]
+    return done
+
+
+class _Progress:
+    def __init__(self, total: int, stream):
+        self.total, self.done, self.start, self.stream = total, 0, time.perf_counter(), stream
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / self.done * (self.total - self.done)
+        width = 24
+        bar = "#" * (width * self.done // self.total) + "." * (width - width * self.done // self.total)
+        self.stream.write(f"\r[{bar}] {self.done}/{self.total} candidates  {label:<28} ETA {eta:5.0f} s")
+        self.stream.flush()
+
+
+def tune(
+    dtypes: list[torch.dtype],
+    head_dims: list[int],
+    regimes: list[str],
+    *,
+    num_q_heads: int = 32,
+    num_kv_heads: int = 8,
+    page_size: int = 16,
+    device: str = "cuda",
+    quick: bool = False,
+    out: Path | None = None,
+    fresh: bool = False,
+    timer: Timer | None = None,
+    stream=sys.stdout,
+) -> list[dict]:
+    """Tune every (dtype, head dim, regime) group; returns one record per group (also written to ``out``)."""
+    interpret = device == "cpu"
+    out = out or configs.user_config_path()
+    timer = timer or (wall_timer if interpret else gpu_timer)
+    gpu, cap = configs.device_identity(None if interpret else torch.device(device).index or 0)
+    tv = configs.triton_version()
+    done = {} if fresh else _done_groups(out)
+    plan = []
+    for dtype, head_dim, regime in itertools.product(dtypes, head_dims, regimes):
+        group = Group(dtype, head_dim, regime)
+        cands = candidates(regime, interpret, quick)
+        cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick)
+        fp = _fingerprint(cands, cases)
+        key = (gpu, cap, tv, configs.dtype_name(dtype), _padded(head_dim), regime)
+        plan.append((group, cands, cases, fp, done.get(key) == fp))
+    progress = _Progress(sum(len(c) for _, c, _, _, skip in plan if not skip) or 1, stream)
+    records = []
+    for group, cands, cases, fp, skip in plan:
+        if skip:
+            stream.write(f"{group.label()}: already tuned in {out}, skipped\n")
+            records.append({"group": group.label(), "skipped": True})
+            continue
+        inputs = [build_inputs(c, seed=i, device=device) for i, c in enumerate(cases)]
+        totals = []
+        for cand in cands:
+            totals.append(_measure(cand, inputs, timer))
+            progress.step(group.label())
+        order = sorted(range(len(cands)), key=lambda i: (totals[i], i))
+        winner = next((i for i in order if totals[i] < float("inf") and _valid(cands[i], inputs, group.dtype)), None)
+        stream.write("\n")
+        if winner is None:
+            stream.write(f"{group.label()}: no candidate ran correctly; nothing written\n")
+            records.append({"group": group.label(), "winner": None})
+            continue
+        extra = {"fingerprint": fp, "measured_us": round(totals[winner], 3),
+                 "shapes": [f"{len(c.kv_lens)}x{max(c.kv_lens)} q{c.q_len}" for c in cases]}  # fmt: skip
+        configs.write_entry(out, gpu, cap, configs.dtype_name(group.dtype), _padded(group.head_dim), group.regime,
+                            cands[winner], extra)  # fmt: skip
+        stream.write(f"{group.label()}: {cands[winner]} ({totals[winner]:.1f} µs over {len(cases)} shapes)\n")
+        records.append({"group": group.label(), "winner": cands[winner], "total_us": totals[winner]})
+    configs.reload()
+    stream.write(f"configs written to {out}\n")
+    return records
+
+
+def _padded(head_dim: int) -> int:
+    return max(16, 1 << (head_dim - 1).bit_length())
+
+
+def _measure(cand: dict, inputs: list, timer: Timer) -> float:
+    total = 0.0
+    with attention_config_override(**cand):
+        for inp in inputs:
+            try:
+                total += timer(lambda i=inp: api.paged_attention_out(*i.args, out=i.out), cand)
+            except Exception as exc:  # a config that does not compile (e.g. out of shared memory) just loses
+                if "OutOfResources" not in type(exc).__name__ and "out of resource" not in str(exc):
+                    raise
+                return float("inf")
+    return total
+
+
+def _valid(cand: dict, inputs: list, dtype: torch.dtype) -> bool:
+    with attention_config_override(**cand):
+        return all(check_case(inp) <= TOLERANCE[dtype] for inp in inputs)
