@@ -1,5 +1,6 @@
 """Command line: ``python -m triton_paged_ops`` runs the self-check of every op against the reference;
-sub-commands ``demo`` (the model demo) and ``tune`` (measure launch configs for this GPU)."""
+sub-commands ``demo`` (the model demo), ``tune`` (measure launch configs for this GPU) and ``warmup`` (compile every
+kernel variant serving will use)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,28 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--quick", action="store_true", help="fewer candidates and shapes (minutes, not an hour)")
     tune.add_argument("--out", default=None, help="config file to write (default: $TPA_CONFIG_FILE or the user cache)")
     tune.add_argument("--fresh", action="store_true", help="re-tune groups already in the file")
+    wu = sub.add_parser(
+        "warmup",
+        help="compile every kernel variant that serving with the given settings can use, before serving",
+        description="Enumerate the attention and cache-write kernel variants that batches within the given limits "
+        "can launch (from the launch planner itself) and compile each once on tiny tensors, so that serving never "
+        "waits for Triton to compile. Prints how many variants and how long it took.",
+    )
+    wu.add_argument("--head-dim", type=int, required=True, help="query/key head dim")
+    wu.add_argument("--head-dim-v", type=int, default=None, help="value head dim (default: --head-dim)")
+    wu.add_argument("--num-heads", type=int, required=True, help="query heads (per GPU)")
+    wu.add_argument("--num-kv-heads", type=int, required=True, help="KV heads (per GPU)")
+    wu.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="query/cache dtype (default bf16)")
+    wu.add_argument("--page-size", type=int, default=16, help="KV cache page size (default 16)")
+    wu.add_argument("--max-batch", type=int, default=256, help="sequences per batch, at most (default 256)")
+    wu.add_argument("--max-context", type=int, default=32768, help="keys per sequence, at most (default 32768)")
+    wu.add_argument("--max-query", type=int, default=8192, help="new tokens per sequence, at most (default 8192)")
+    wu.add_argument("--window", type=int, default=-1, help="sliding window (window_left), -1 for none")
+    wu.add_argument("--softcap", type=float, default=0.0, help="logit soft cap, 0 for none")
+    wu.add_argument("--non-causal", action="store_true", help="serving calls the ops with causal=False")
+    for flag, what in (("alibi", "ALiBi slopes"), ("sinks", "attention sinks"), ("kv-scale", "k/v cache scales"),
+                       ("lse", "the LSE output"), ("block-table-rows", "block_table_rows")):  # fmt: skip
+        wu.add_argument(f"--{flag}", action="store_true", help=f"serving passes {what}")
     return p
 
 
@@ -94,6 +117,25 @@ def main(argv: list[str] | None = None) -> int:
             num_q_heads=args.num_heads, num_kv_heads=args.num_kv_heads, page_size=args.page_size, device=device,
             quick=args.quick, out=Path(args.out) if args.out else None, fresh=args.fresh,
         )  # fmt: skip
+        return 0
+
+    if args.command == "warmup":
+        from triton_paged_ops.warmup import warmup
+
+        dims = (args.head_dim, args.num_heads, args.num_kv_heads, args.page_size, args.max_batch, args.max_context,
+                args.max_query)  # fmt: skip
+        if min(dims) < 1 or args.num_heads % args.num_kv_heads:
+            print("sizes must be positive and --num-heads a multiple of --num-kv-heads", file=sys.stderr)
+            return 2
+        report = warmup(
+            num_q_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim,
+            head_dim_v=args.head_dim_v, page_size=args.page_size, dtype=getattr(torch, _DTYPES[args.dtype]),
+            max_batch=args.max_batch, max_context=args.max_context, max_query=args.max_query,
+            causal=not args.non_causal, window_left=args.window, softcap=args.softcap, alibi=args.alibi,
+            sinks=args.sinks, kv_scale=args.kv_scale, block_table_rows=args.block_table_rows, lse=args.lse,
+            device=device,
+        )  # fmt: skip
+        print(f"warm-up: {report.variants} attention variants ({report.calls} op calls) in {report.seconds:.1f} s")
         return 0
 
     import triton

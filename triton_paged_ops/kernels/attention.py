@@ -22,6 +22,7 @@ Program ids
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import torch
@@ -30,7 +31,7 @@ import triton.language as tl
 
 from triton_paged_ops import configs
 from triton_paged_ops.kernels.merge import _launch_reduce_splits
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, forced_split_plan, num_sms_of, plan_splits
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, SplitPlan, forced_split_plan, num_sms_of, plan_splits
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
@@ -207,7 +208,13 @@ def select_attention_config(
     return cfg
 
 
-@triton.jit
+# Arguments whose values change from batch to batch: Triton must not specialise on them (value 1, multiple of 16),
+# or a serving loop would compile new variants as batches change. They only feed scalar address arithmetic.
+_PER_BATCH_ARGS = ("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "num_pages", "window_left",
+                   "stride_o_split", "stride_lse_split", "stride_bt_b", "segment_len", "num_splits")  # fmt: skip
+
+
+@triton.jit(do_not_specialize=_PER_BATCH_ARGS)
 def _paged_attention_kernel(
     q_ptr,
     k_cache_ptr,
@@ -383,6 +390,74 @@ def _paged_attention_kernel(
         tl.store(lse_ptr + lse_off, lse, mask=row_valid)
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything about one attention launch that is decided on the host from shapes, bounds and flags."""
+
+    config: dict
+    split: SplitPlan
+    block_q: int
+    one_block: bool
+    constexprs: dict
+
+    def variant(self) -> tuple:
+        """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
+        reduce = (self.split.num_splits > 1, triton.next_power_of_2(self.split.num_splits))
+        opts = (self.config["num_warps"], self.config["num_stages"])
+        return (tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), opts, reduce)
+
+
+def attention_launch_plan(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int,
+    page_size: int,
+    dtype: torch.dtype,
+    num_seqs: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    window_left: int,
+    softcap: float,
+    has_alibi: bool,
+    has_sinks: bool,
+    has_k_scale: bool,
+    has_v_scale: bool,
+    has_rows: bool,
+    want_lse: bool,
+    device_index: int | None,
+    interpret: bool,
+) -> LaunchPlan:
+    """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
+    warm-up to enumerate the variants a serving configuration can reach."""
+    group = num_q_heads // num_kv_heads
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index)
+    block_q = max(1, cfg["BLOCK_M"] // group)
+    if "num_splits" in cfg:
+        split = forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
+    else:
+        policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
+        num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+        split = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+    # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
+    one_block = max_seqlen_q <= block_q
+    constexprs = dict(
+        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
+        HEAD_DIM_V_PAD=max(16, triton.next_power_of_2(head_dim_v)), PAGE_SIZE=page_size,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
+        IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
+        HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
+        HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
+        ONE_BLOCK_PER_SEQ=one_block,
+        # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
+        DOT_PRECISION="ieee" if dtype == torch.float32 else None,
+    )  # fmt: skip
+    return LaunchPlan(cfg, split, block_q, one_block, constexprs)
+
+
 def _launch_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -415,25 +490,22 @@ def _launch_paged_attention(
     head_dim_v, num_seqs = v_cache.shape[-1], seq_lens.shape[0]
     if num_seqs == 0 or num_tokens == 0:
         return
-    group = num_q_heads // num_kv_heads
-    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg = select_attention_config(head_dim_pad, group, q.dtype, max_seqlen_q, interpret, q.device.index)
-    block_q = max(1, cfg["BLOCK_M"] // group)
-    policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
-    plan = plan_splits(
-        num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms_of(q.device), **policy
-    )
-    if "num_splits" in cfg:
-        plan = forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
+    lp = attention_launch_plan(
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v,
+        page_size=page_size, dtype=q.dtype, num_seqs=num_seqs, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        causal=causal, window_left=window_left, softcap=softcap, has_alibi=alibi_slopes is not None,
+        has_sinks=sinks is not None, has_k_scale=k_scale is not None, has_v_scale=v_scale is not None,
+        has_rows=block_table_rows is not None, want_lse=lse is not None,
+        device_index=None if interpret else q.device.index, interpret=interpret,
+    )  # fmt: skip
+    plan = lp.split
     dst_out, dst_lse = out, lse if lse is not None else out
     if plan.num_splits > 1:
         dst_out = q.new_empty(plan.num_splits, num_tokens, num_q_heads, head_dim_v, dtype=torch.float32)
         dst_lse = q.new_empty(plan.num_splits, num_tokens, num_q_heads, dtype=torch.float32)
     o_strides = dst_out.stride() if plan.num_splits > 1 else (0, *out.stride()[:2])
     l_strides = dst_lse.stride() if plan.num_splits > 1 else (0, *dst_lse.stride()[:2])
-    # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
-    one_block = max_seqlen_q <= block_q
-    num_blocks = num_seqs if one_block else num_tokens // block_q + num_seqs
+    num_blocks = num_seqs if lp.one_block else num_tokens // lp.block_q + num_seqs
     grid = (num_blocks * plan.num_splits, num_kv_heads)
     wrap(_paged_attention_kernel)[grid](
         q, k_cache, v_cache, dst_out, dst_lse, block_table,
@@ -447,18 +519,7 @@ def _launch_paged_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         *o_strides[:3], *l_strides[:3], block_table.stride(0), plan.segment_len, plan.num_splits,
-        GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
-        HEAD_DIM_V_PAD=max(16, triton.next_power_of_2(head_dim_v)), PAGE_SIZE=page_size,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
-        IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
-        HAS_ALIBI=alibi_slopes is not None, HAS_SINKS=sinks is not None,
-        HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
-        HAS_BT_ROWS=block_table_rows is not None,
-        WRITE_LSE=lse is not None or plan.num_splits > 1, SPLIT_KV=plan.num_splits > 1,
-        ONE_BLOCK_PER_SEQ=one_block,
-        # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **lp.constexprs, num_warps=lp.config["num_warps"], num_stages=lp.config["num_stages"],
     )  # fmt: skip
     if plan.num_splits > 1:
         _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse, wrap)

@@ -77,7 +77,8 @@ def _launch_merge_attn_states(
     )  # fmt: skip
 
 
-@triton.jit
+# Per-batch values (batch size, split count, workspace strides): not specialised, so batches reuse one variant.
+@triton.jit(do_not_specialize=("num_seqs", "num_splits", "stride_po_s", "stride_pl_s"))
 def _reduce_splits_kernel(
     part_out_ptr,
     part_lse_ptr,

@@ -1,0 +1,81 @@
+"""Warm-up: the enumerated variants cover every launch a serving loop within the limits makes; on a GPU, such a
+loop after warm-up compiles nothing new."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import triton_paged_ops as tpa
+from triton_paged_ops.__main__ import main
+from triton_paged_ops.kernels.attention import attention_launch_plan
+from triton_paged_ops.warmup import compiled_kernel_count, reachable_variants, warmup
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRET = DEVICE == "cpu"
+SETTINGS = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, page_size=16, dtype=torch.float16)
+LIMITS = dict(max_batch=12, max_context=3000, max_query=300)
+
+
+FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False,
+                has_v_scale=False, has_rows=False, want_lse=False)  # fmt: skip
+
+
+def test_enumerated_variants_cover_random_serving_batches():
+    dev = None if INTERPRET else torch.cuda.current_device()
+    found = reachable_variants(**SETTINGS, **LIMITS, device_index=dev, interpret=INTERPRET)
+    rng = random.Random(0)
+    for _ in range(3000):
+        batch = rng.randint(1, LIMITS["max_batch"])
+        # Decode, speculative-verify-like and prefill-chunk bounds, and any context bound up to the limit.
+        q = rng.choice([1, rng.randint(2, 16), rng.randint(17, LIMITS["max_query"])])
+        k = rng.randint(q, LIMITS["max_context"])
+        lp = attention_launch_plan(**SETTINGS, num_seqs=batch, max_seqlen_q=q, max_seqlen_k=k, head_dim_v=64,
+                                   device_index=dev, interpret=INTERPRET, **FEATURES)  # fmt: skip
+        assert lp.variant() in found, (batch, q, k)
+
+
+def test_warmup_runs_each_variant_and_reports(capsys):
+    limits = dict(max_batch=4, max_context=2048, max_query=40)
+    dev = None if INTERPRET else torch.cuda.current_device()
+    found = reachable_variants(**SETTINGS, **limits, sinks=True, device_index=dev, interpret=INTERPRET)
+    report = warmup(**SETTINGS, **limits, sinks=True, device=DEVICE)
+    assert report.variants == len(found) >= 2
+    assert report.calls == len(found) + 2  # plus the two slot-mapping dtypes of the cache write
+    assert main(["warmup", "--head-dim", "64", "--num-heads", "8", "--num-kv-heads", "2", "--dtype", "fp16",
+                 "--max-batch", "2", "--max-context", "256", "--max-query", "16"]) == 0  # fmt: skip
+    assert "attention variants" in capsys.readouterr().out
+    assert main(["warmup", "--head-dim", "64", "--num-heads", "6", "--num-kv-heads", "4"]) == 2
+
+
+@pytest.mark.gpu
+def test_serving_loop_after_warmup_compiles_nothing():
+    settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
+    limits = dict(max_batch=48, max_context=8192, max_query=512)
+    report = warmup(**settings, **limits)
+    before = compiled_kernel_count()
+    assert before is not None and before >= report.variants
+    rng = random.Random(1)
+    pages = 48 * 8192 // 16
+    k_cache = torch.randn(pages, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    for step in range(60):
+        batch = rng.randint(1, limits["max_batch"])
+        kind = step % 3  # decode, short (speculative verify), mixed prefill chunk + decodes
+        q_lens = [1] * batch if kind == 0 else [rng.randint(1, 16) for _ in range(batch)]
+        if kind == 2:
+            q_lens[0] = rng.randint(17, limits["max_query"])
+        kv_lens = [q + rng.randint(0, limits["max_context"] - limits["max_query"]) for q in q_lens]
+        width = -(-max(kv_lens) // 16)
+        table = torch.randint(0, pages, (batch, width), dtype=torch.int32, device="cuda")
+        cu = torch.tensor([0, *q_lens], device="cuda").cumsum(0).to(torch.int32)
+        q = torch.randn(sum(q_lens), 32, 128, device="cuda", dtype=torch.bfloat16)
+        slots = torch.randint(0, pages * 16, (sum(q_lens),), device="cuda")
+        kv = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
+        tpa.reshape_and_cache(kv, kv, k_cache, v_cache, slots)
+        tpa.paged_attention(q, k_cache, v_cache, table, cu, torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
+                            max(q_lens), max(kv_lens), 128**-0.5)  # fmt: skip
+    torch.cuda.synchronize()
+    assert compiled_kernel_count() == before

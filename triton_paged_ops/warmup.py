@@ -1,0 +1,191 @@
+"""Compile, before serving, every kernel variant that serving with given model settings can reach.
+
+Which compiled variant a call uses is decided on the host from the model's fixed settings (heads, head dims, page
+size, dtype, features) and from two per-batch facts: the query-length bound (decode / short / prefill tiles, and
+whether each sequence fits one query block) and the split-KV plan (split or not, and the reduce kernel's
+power-of-two split bucket). Everything else that changes per batch is not specialised on by the kernels. So the
+reachable set is enumerated from the launch planner itself (``attention_launch_plan``) over every batch size and
+context bound up to the limits, and each distinct variant is run once on tiny tensors.
+
+Assumes serving passes tensors in the usual layouts (``q``/``out`` contiguous ``[T, H, D]``, caches
+``[pages, page_size, Hkv, D]`` contiguous); other layouts are separate variants.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+import triton
+
+from triton_paged_ops import api, configs
+from triton_paged_ops.kernels.attention import attention_launch_plan
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, forced_split_plan, num_sms_of, plan_splits
+
+_CONTEXT_STEP = 64  # context bounds are enumerated at this granularity (split plans change at tile multiples)
+
+
+@dataclasses.dataclass
+class WarmupReport:
+    variants: int  # distinct attention launch variants compiled (each with its reduce kernel when split)
+    calls: int  # op calls made, attention and cache writes
+    seconds: float
+
+
+def reachable_variants(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    page_size: int,
+    dtype: torch.dtype,
+    max_batch: int,
+    max_context: int,
+    max_query: int,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    alibi: bool = False,
+    sinks: bool = False,
+    kv_scale: bool = False,
+    block_table_rows: bool = False,
+    lse: bool = False,
+    device_index: int | None,
+    interpret: bool,
+) -> dict[tuple, tuple[int, int, int]]:
+    """Each reachable variant with one (batch size, query bound, context bound) that reaches it."""
+    fixed = dict(
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v or head_dim,
+        page_size=page_size, dtype=dtype, causal=causal, window_left=window_left, softcap=softcap, has_alibi=alibi,
+        has_sinks=sinks, has_k_scale=kv_scale, has_v_scale=kv_scale, has_rows=block_table_rows, want_lse=lse,
+        device_index=device_index, interpret=interpret,
+    )  # fmt: skip
+    # Query bounds: every short length (tiles and one-block-per-sequence change among them), then the bounds
+    # around each regime's query-block size, then the largest.
+    queries = set(range(1, min(max_query, MAX_SPLIT_Q_LEN + 1) + 1))
+    for q in sorted(queries | {max_query}):
+        block_q = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=q, **fixed).block_q
+        queries |= {b for b in (block_q, block_q + 1) if b <= max_query}
+    queries.add(max_query)
+    contexts = sorted({*range(_CONTEXT_STEP, max_context + 1, _CONTEXT_STEP), max_context})
+    num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+    found: dict[tuple, tuple[int, int, int]] = {}
+    buckets_of: dict[tuple, dict[tuple, tuple[int, int]]] = {}
+    for q in sorted(queries):
+        if q > MAX_SPLIT_Q_LEN:
+            # No split-KV for long queries: the batch size and context do not matter.
+            lp = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=max(q, max_context), **fixed)
+            found.setdefault(lp.variant(), (1, q, max(q, max_context)))
+            continue
+        cfg = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=q, **fixed).config
+        policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
+        key = (cfg["BLOCK_N"], policy, cfg.get("num_splits"))
+        if key not in buckets_of:
+            # The split plan depends on batch size and context bound only (not on q): find one (batch, context)
+            # for each reachable (split?, power-of-two split count) once per tile width and policy.
+            buckets: dict[tuple, tuple[int, int]] = {}
+            for b in range(1, max_batch + 1):
+                for k in contexts:
+                    if cfg.get("num_splits"):
+                        n = forced_split_plan(cfg["num_splits"], k, cfg["BLOCK_N"]).num_splits
+                    else:
+                        n = plan_splits(b, num_kv_heads, q, k, cfg["BLOCK_N"], num_sms, **dict(policy)).num_splits
+                    buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
+            buckets_of[key] = buckets
+        for b, k in buckets_of[key].values():
+            if k >= q:
+                lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
+                found.setdefault(lp.variant(), (b, q, k))
+    return found
+
+
+def warmup(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int | None = None,
+    page_size: int = 16,
+    dtype: torch.dtype = torch.bfloat16,
+    max_batch: int = 256,
+    max_context: int = 32768,
+    max_query: int = 8192,
+    causal: bool = True,
+    window_left: int = -1,
+    softcap: float = 0.0,
+    alibi: bool = False,
+    sinks: bool = False,
+    kv_scale: bool = False,
+    block_table_rows: bool = False,
+    lse: bool = False,
+    device: str | torch.device = "cuda",
+) -> WarmupReport:
+    """Compile every attention and cache-write variant that serving with these settings can launch.
+
+    ``max_batch`` sequences per batch, ``max_context`` keys per sequence, ``max_query`` new tokens per sequence
+    (the prefill chunk size) at most. Features (``causal``, ``window_left``, ``softcap``, ``alibi``, ``sinks``,
+    ``kv_scale``, ``block_table_rows``, ``lse``) must be set as serving will call the ops.
+    """
+    device = torch.device(device)
+    interpret = device.type == "cpu"
+    device_index = None if interpret else (device.index if device.index is not None else torch.cuda.current_device())
+    dv = head_dim_v or head_dim
+    start = time.perf_counter()
+    found = reachable_variants(
+        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=dv, page_size=page_size,
+        dtype=dtype, max_batch=max_batch, max_context=max_context, max_query=max_query, causal=causal,
+        window_left=window_left, softcap=softcap, alibi=alibi, sinks=sinks, kv_scale=kv_scale,
+        block_table_rows=block_table_rows, lse=lse, device_index=device_index, interpret=interpret,
+    )  # fmt: skip
+    # A tiny cache: the calls only need to compile and run, so every sequence is its own queries and nothing more.
+    k_cache = torch.randn(2, page_size, num_kv_heads, head_dim, device=device).to(dtype)
+    v_cache = torch.randn(2, page_size, num_kv_heads, dv, device=device).to(dtype)
+    extra: dict = {"causal": causal, "window_left": window_left, "softcap": softcap}
+    if alibi:
+        extra["alibi_slopes"] = torch.rand(num_q_heads, device=device)
+    if sinks:
+        extra["sinks"] = torch.randn(num_q_heads, device=device)
+    if kv_scale:
+        extra["k_scale"] = extra["v_scale"] = torch.ones(1, device=device)
+    calls = 0
+    for batch, q_bound, k_bound in found.values():
+        # One sequence reaches the query bound (it must fit its own keys), the rest are one token each.
+        q_lens = [q_bound] + [1] * (batch - 1)
+        total = sum(q_lens)
+        q = torch.randn(total, num_q_heads, head_dim, device=device).to(dtype)
+        cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
+        seq_lens = torch.tensor(q_lens, dtype=torch.int32, device=device)
+        width = -(-k_bound // page_size)
+        table = torch.zeros(batch, width, dtype=torch.int32, device=device)
+        table[:, : -(-q_bound // page_size)] = torch.arange(-(-q_bound // page_size), device=device) % 2
+        kw = dict(extra)
+        if block_table_rows:
+            kw["block_table_rows"] = torch.arange(batch, device=device)
+        out = torch.empty(total, num_q_heads, dv, device=device, dtype=dtype)
+        lse_buf = torch.empty(total, num_q_heads, device=device) if lse else None
+        api.paged_attention_out(q, k_cache, v_cache, table, cu, seq_lens, q_bound, k_bound, head_dim**-0.5, **kw,
+                                out=out, lse=lse_buf)  # fmt: skip
+        calls += 1
+    key = torch.randn(1, num_kv_heads, head_dim, device=device).to(dtype)
+    value = torch.randn(1, num_kv_heads, dv, device=device).to(dtype)
+    for slot_dtype in (torch.int32, torch.int64):
+        scales = (extra["k_scale"], extra["v_scale"]) if kv_scale else (None, None)
+        api.reshape_and_cache(key, value, k_cache, v_cache, torch.zeros(1, dtype=slot_dtype, device=device), *scales)
+        calls += 1
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return WarmupReport(variants=len(found), calls=calls, seconds=time.perf_counter() - start)
+
+
+def compiled_kernel_count() -> int | None:
+    """Compiled variants held by this process's Triton kernel caches (all tpa kernels); None under the interpreter."""
+    from triton_paged_ops.kernels import attention, cache, merge
+
+    kernels = (attention._paged_attention_kernel, merge._reduce_splits_kernel, merge._merge_attn_states_kernel,
+               cache._reshape_and_cache_kernel)  # fmt: skip
+    if not all(hasattr(k, "device_caches") for k in kernels):
+        return None
+    # Each device's entry starts with its {specialisation key: compiled kernel} dict.
+    return sum(len(entry[0]) for k in kernels for entry in k.device_caches.values())
