@@ -14,6 +14,7 @@ Assumes serving passes tensors in the usual layouts (``q``/``out`` contiguous ``
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
 
 import torch
@@ -23,6 +24,7 @@ from triton_paged_ops import api, configs
 from triton_paged_ops.kernels.attention import attention_launch_plan
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, forced_split_plan, num_sms_of, plan_splits
 
+_DEFAULT_PROGRAMS_PER_SM = inspect.signature(plan_splits).parameters["programs_per_sm"].default
 _CONTEXT_STEP = 64  # context bounds are enumerated at this granularity (split plans change at tile multiples)
 
 
@@ -86,7 +88,9 @@ def reachable_variants(
             # The split plan depends on batch size and context bound only (not on q): find one (batch, context)
             # for each reachable (split?, power-of-two split count) once per tile width and policy.
             buckets: dict[tuple, tuple[int, int]] = {}
-            for b in range(1, max_batch + 1):
+            # Past this batch size the GPU is full without splitting, and the plan depends on the context only.
+            pps = dict(policy).get("programs_per_sm", _DEFAULT_PROGRAMS_PER_SM)
+            for b in range(1, min(max_batch, -(-num_sms * pps // num_kv_heads) + 1) + 1):
                 for k in contexts:
                     if cfg.get("num_splits"):
                         n = forced_split_plan(cfg["num_splits"], k, cfg["BLOCK_N"]).num_splits

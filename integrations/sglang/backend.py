@@ -9,12 +9,15 @@ whatever SGLang's own page size, with no copy of the pool or of the token map.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 import triton_paged_ops  # noqa: F401  (registers torch.ops.tpa)
 
+logger = logging.getLogger(__name__)
 _CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Speculative decoding (target verify, draft extend) and diffusion modes need masks/metadata this backend lacks.
 _EAGER_MODES = ("EXTEND", "MIXED", "DECODE", "IDLE")
@@ -48,6 +51,29 @@ class TpaAttnBackend(AttentionBackend):
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.forward_metadata: TpaMetadata | None = None
         self._graph_metadata: dict[int, TpaMetadata] = {}
+        if torch.device(self.device).type == "cuda" and os.environ.get("TPA_WARMUP", "1") != "0":
+            self._warmup(model_runner)
+
+    def _warmup(self, model_runner) -> None:
+        """Compile the kernels serving will use now, not in the middle of serving (``TPA_WARMUP=0`` skips it).
+
+        Covers the plain variants (no window, sinks or soft cap, which vary per layer and are compiled on first
+        use); batch, query and context limits come from the runner's request pool and chunked-prefill size.
+        """
+        from triton_paged_ops.warmup import warmup
+
+        cfg = model_runner.model_config
+        tp = getattr(model_runner, "tp_size", 1) or 1
+        max_batch = getattr(model_runner, "max_running_requests", None) or self.req_to_token.shape[0]
+        server_args = getattr(model_runner, "server_args", None)
+        chunk = getattr(server_args, "chunked_prefill_size", None) or self.max_context_len
+        report = warmup(
+            num_q_heads=cfg.get_num_attention_heads(tp), num_kv_heads=cfg.get_num_kv_heads(tp),
+            head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
+            dtype=model_runner.dtype, max_batch=max_batch, max_context=self.max_context_len,
+            max_query=max(1, min(chunk, self.max_context_len)), block_table_rows=True, device=self.device,
+        )  # fmt: skip
+        logger.info("tpa warm-up: %d attention variants in %.1f s", report.variants, report.seconds)
 
     def init_forward_metadata(self, forward_batch):
         """Eager batches (extend, decode, mixed): metadata from the batch's own tensors."""

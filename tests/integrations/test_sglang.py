@@ -150,3 +150,25 @@ def test_unsupported_forward_modes_are_refused_clearly():
             backend.init_forward_metadata(batch)
         with pytest.raises(NotImplementedError, match="decode batches only"):
             backend.init_forward_metadata_out_graph(batch, in_capture=True)
+
+
+def test_start_up_warmup_reads_the_runner_settings(monkeypatch):
+    """The warm-up the backend runs at start-up on a GPU (here called directly): model dims and limits come from
+    SGLang's runner, and it compiles the variants a serving loop with those limits reaches."""
+    from triton_paged_ops import warmup as wu
+
+    seen = {}
+    real = wu.warmup
+
+    def spy(**kw):
+        seen.update(kw)
+        return real(**kw)
+
+    monkeypatch.setattr(wu, "warmup", spy)
+    case = DECODE_CASES[0]
+    with torch.no_grad():
+        fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
+        fixture.backend._warmup(fixture.runner)
+    assert seen["num_q_heads"] == case.num_heads and seen["num_kv_heads"] == case.num_kv_heads
+    assert seen["head_dim"] == kit.DEFAULT_HEAD_DIM and seen["page_size"] == 1 and seen["block_table_rows"]
+    assert seen["max_context"] == fixture.runner.req_to_token_pool.req_to_token.shape[1]
