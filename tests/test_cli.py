@@ -17,3 +17,45 @@ def test_demo_generates_and_verifies(capsys):
     out = capsys.readouterr().out
     assert "(ok, tolerance" in out
     assert "request 0: prompt" in out
+
+
+def _result() -> dict:
+    """A benchmark result in the suite's JSON layout (values made up: only the presentation is under test)."""
+    records = []
+    for i, case in enumerate(("B1x32k", "B32x4k")):
+        for prov, us in (("tpa", 40.0 + i), ("sdpa_dense", 35.0 + i)):
+            records.append({"case": case, "provider": prov, "us": us, "kv_tbps": 3.0 + i / 10, "tflops": 1.5 + i,
+                            "frac_of_hbm_read": 0.7, **({"rel_err": 1e-3} if prov == "tpa" else {})})  # fmt: skip
+    return {"gpu": "Test GPU", "torch": "x", "triton": "y", "ceilings": {"read_tbps": 4.3, "copy_tbps": 2.7},
+            "eager_host_overhead_us": 150.0, "records": records}  # fmt: skip
+
+
+def test_bench_table_and_chart(tmp_path):
+    from triton_paged_ops.bench import format_records, plot_records
+
+    result = _result()
+    table = format_records(result).splitlines()
+    assert "HBM read 4.30 TB/s" in table[0]
+    rows = [line.split() for line in table[2:]]
+    assert [(r[0], r[1]) for r in rows] == [(r["case"], r["provider"]) for r in result["records"]]
+    png = tmp_path / "chart.png"
+    plot_records(result, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bench_arguments(capsys):
+    import pytest
+
+    from triton_paged_ops.bench import parse_config
+
+    assert parse_config("BLOCK_N=64, num_warps=4") == {"BLOCK_N": 64, "num_warps": 4}
+    assert parse_config(None) == {}
+    for bad in ("BLOCK_N", "BLOCK_N=x", "=4"):
+        with pytest.raises(ValueError, match="KEY=INTEGER"):
+            parse_config(bad)
+    assert main(["bench", "--config", "BLOCK_N=sixty"]) == 2
+    assert "KEY=INTEGER" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--help"])
+    help_text = capsys.readouterr().out
+    assert exc.value.code == 0 and all(f in help_text for f in ("--out", "--png", "--only", "--no-sdpa", "--config"))

@@ -1,6 +1,6 @@
 """Command line: ``python -m triton_paged_ops`` runs the self-check of every op against the reference;
-sub-commands ``demo`` (the model demo), ``tune`` (measure launch configs for this GPU) and ``warmup`` (compile every
-kernel variant serving will use)."""
+sub-commands ``demo`` (the model demo), ``tune`` (measure launch configs for this GPU), ``warmup`` (compile every
+kernel variant serving will use) and ``bench`` (the decode benchmark suite)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--quick", action="store_true", help="fewer candidates and shapes (minutes, not an hour)")
     tune.add_argument("--out", default=None, help="config file to write (default: $TPA_CONFIG_FILE or the user cache)")
     tune.add_argument("--fresh", action="store_true", help="re-tune groups already in the file")
+    bench = sub.add_parser(
+        "bench",
+        help="the decode benchmark suite: table, JSON and chart (needs a CUDA GPU)",
+        description="Time paged-attention decode on the benchmark cases (bf16, random data, pages randomly "
+        "permuted, CUDA-graph replay, median) beside dense contiguous SDPA on the same shapes and the measured HBM "
+        "read bandwidth, all from the same run. Prints a table and writes JSON and a bar chart (KV TB/s and "
+        "TFLOP/s per case against the ceiling).",
+    )
+    from triton_paged_ops.bench import add_bench_arguments
+
+    add_bench_arguments(bench, out_default="tpa_bench.json", png_default="tpa_bench.png")
     wu = sub.add_parser(
         "warmup",
         help="compile every kernel variant that serving with the given settings can use, before serving",
@@ -118,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
             quick=args.quick, out=Path(args.out) if args.out else None, fresh=args.fresh,
         )  # fmt: skip
         return 0
+
+    if args.command == "bench":
+        from triton_paged_ops.bench import bench_command
+
+        return bench_command(args, "triton_paged_ops bench", argv)
 
     if args.command == "warmup":
         from triton_paged_ops.warmup import warmup

@@ -248,3 +248,101 @@ def format_records(result: dict) -> str:
         lines.append(f"{r['case']:<20} {r['provider']:<11} {r['us']:>9.1f} {r['kv_tbps']:>8.2f} "
                      f"{r['tflops']:>8.1f} {r['frac_of_hbm_read']:>7.2f} {err:>9}")  # fmt: skip
     return "\n".join(lines)
+
+
+def parse_config(text: str | None) -> dict[str, int]:
+    """``"BLOCK_N=64,num_warps=4"`` -> ``{"BLOCK_N": 64, "num_warps": 4}``; raises ValueError naming a bad part."""
+    out: dict[str, int] = {}
+    for part in filter(None, (text or "").split(",")):
+        key, sep, val = part.partition("=")
+        if not sep or not key.strip() or not val.strip().lstrip("-").isdigit():
+            raise ValueError(f"--config part {part!r} is not KEY=INTEGER")
+        out[key.strip()] = int(val)
+    return out
+
+
+def plot_records(result: dict, path: str) -> None:
+    """Two panels per case — KV read TB/s and TFLOP/s — tpa beside same-run dense SDPA, with the measured HBM read
+    ceiling drawn on the bandwidth panel. Needs matplotlib (``pip install triton-paged-ops[plot]``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in result["records"]))
+    providers = list(dict.fromkeys(r["provider"] for r in result["records"]))
+    value = {(r["case"], r["provider"]): r for r in result["records"]}
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.9 * len(cases) + 2), 8), sharex=True)
+    width = 0.8 / max(1, len(providers))
+    for ax, key, label in ((axes[0], "kv_tbps", "KV read TB/s"), (axes[1], "tflops", "TFLOP/s")):
+        for j, prov in enumerate(providers):
+            xs = [i + (j - (len(providers) - 1) / 2) * width for i in range(len(cases))]
+            ys = [value[(c, prov)][key] if (c, prov) in value else 0.0 for c in cases]
+            ax.bar(xs, ys, width, label=prov)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    read = result["ceilings"]["read_tbps"]
+    axes[0].axhline(read, color="black", linestyle="--", linewidth=1, label=f"HBM read {read:.2f} TB/s (measured)")
+    axes[0].legend(loc="lower right", fontsize=8)
+    axes[1].set_xticks(range(len(cases)), cases, rotation=30, ha="right", fontsize=8)
+    fig.suptitle(f"{result['gpu']} — torch {result['torch']}, triton {result['triton']}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_decode_benchmark(
+    out: str | None, png: str | None, only: list[str] | None, with_sdpa: bool, config: dict[str, int], seed: int,
+    prog: str, argv: list[str] | None,
+) -> int:  # fmt: skip
+    """The decode suite as a command: table on stdout, JSON to ``out``, chart to ``png`` (each if given)."""
+    import sys
+
+    from triton_paged_ops.kernels.attention import attention_config_override
+
+    if not torch.cuda.is_available():
+        print("the benchmark needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cases = decode_cases()
+    if only:
+        cases = [c for c in cases if any(s in c.name for s in only)]
+        if not cases:
+            print(f"no case matches {only}; cases: {[c.name for c in decode_cases()]}", file=sys.stderr)
+            return 2
+    with attention_config_override(**config):
+        result = run_suite(cases, seed=seed, with_sdpa=with_sdpa)
+    result["config"] = config
+    finish(result, format_records(result), out, prog, argv)
+    if png:
+        try:
+            plot_records(result, png)
+            print(f"chart written to {png}")
+        except ImportError:
+            print("matplotlib is not installed: no chart (pip install matplotlib)", file=sys.stderr)
+    return 0
+
+
+def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> None:
+    """The decode benchmark's command-line flags (shared by ``python -m triton_paged_ops bench`` and
+    ``python -m benchmarks.decode``)."""
+    p.add_argument("--out", default=out_default, help=f"JSON file to write (default: {out_default or 'none'})")
+    p.add_argument("--png", default=png_default, help=f"bar chart to write (default: {png_default or 'none'})")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="run only the cases whose name contains one of these (e.g. B32x4k ragged)")  # fmt: skip
+    p.add_argument("--no-sdpa", action="store_true", help="skip the same-run dense SDPA comparison")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--config", default=None, metavar="K=V,...",
+                   help="force launch options for every case, e.g. BLOCK_N=64,num_warps=4,num_stages=3,num_splits=8 "
+                   "(default: the tuned table or built-in choice)")  # fmt: skip
+
+
+def bench_command(args, prog: str, argv: list[str] | None) -> int:
+    """Run the decode benchmark from parsed ``add_bench_arguments`` flags."""
+    import sys
+
+    try:
+        config = parse_config(args.config)
+    except ValueError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return run_decode_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv)
