@@ -283,7 +283,8 @@ def plot_records(result: dict, path: str) -> None:
         ax.grid(axis="y", alpha=0.3)
     read = result["ceilings"]["read_tbps"]
     axes[0].axhline(read, color="black", linestyle="--", linewidth=1, label=f"HBM read {read:.2f} TB/s (measured)")
-    axes[0].legend(loc="lower right", fontsize=8)
+    axes[0].set_ylim(0, read * 1.25)  # room for the legend above the bars
+    axes[0].legend(loc="upper center", ncol=3, fontsize=8)
     axes[1].set_xticks(range(len(cases)), cases, rotation=30, ha="right", fontsize=8)
     fig.suptitle(f"{result['gpu']} — torch {result['torch']}, triton {result['triton']}", fontsize=10)
     fig.tight_layout()

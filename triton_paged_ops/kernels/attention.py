@@ -210,8 +210,10 @@ def select_attention_config(
 
 # Arguments whose values change from batch to batch: Triton must not specialise on them (value 1, multiple of 16),
 # or a serving loop would compile new variants as batches change. They only feed scalar address arithmetic.
+# (segment_len stays specialised: it is 0 or a multiple of BLOCK_N, always "divisible by 16", and that lets the
+# compiler keep KV tiles aligned; num_splits is 1 exactly when SPLIT_KV is off, where the kernel ignores it.)
 _PER_BATCH_ARGS = ("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "num_pages", "window_left",
-                   "stride_o_split", "stride_lse_split", "stride_bt_b", "segment_len", "num_splits")  # fmt: skip
+                   "stride_o_split", "stride_lse_split", "stride_bt_b", "num_splits")  # fmt: skip
 
 
 @triton.jit(do_not_specialize=_PER_BATCH_ARGS)
@@ -280,8 +282,12 @@ def _paged_attention_kernel(
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
     # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
     # instead of trailing after every other sequence's first segment.
-    block_id = tl.program_id(0) // num_splits
-    split = tl.program_id(0) % num_splits
+    if SPLIT_KV:
+        block_id = tl.program_id(0) // num_splits
+        split = tl.program_id(0) % num_splits
+    else:
+        block_id = tl.program_id(0)
+        split = 0
     kv_head = tl.program_id(1)
 
     if ONE_BLOCK_PER_SEQ:
@@ -376,8 +382,9 @@ def _paged_attention_kernel(
     if HAS_V_SCALE:
         out = out * tl.load(v_scale_ptr)
     # Partial results of a segment go to its own workspace slice; empty segments write out = 0, lse = -inf.
-    out_ptr += split.to(tl.int64) * stride_o_split
-    lse_ptr += split.to(tl.int64) * stride_lse_split
+    if SPLIT_KV:
+        out_ptr += split.to(tl.int64) * stride_o_split
+        lse_ptr += split.to(tl.int64) * stride_lse_split
     o_row = (q_start + q_tok).to(tl.int64) * stride_o_t + q_head * stride_o_h
     tl.store(
         out_ptr + o_row[:, None] + offs_dv[None, :],
