@@ -11,7 +11,7 @@ import torch
 import triton_paged_ops as tpa
 from triton_paged_ops.__main__ import main
 from triton_paged_ops.kernels.attention import attention_launch_plan
-from triton_paged_ops.warmup import compiled_kernel_count, reachable_variants, warmup
+from triton_paged_ops.warmup import ServingSettings, compiled_kernel_count, reachable_variants, warmup
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = DEVICE == "cpu"
@@ -25,7 +25,7 @@ FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_s
 
 def test_enumerated_variants_cover_random_serving_batches():
     dev = None if INTERPRET else torch.cuda.current_device()
-    found = reachable_variants(**SETTINGS, **LIMITS, device_index=dev, interpret=INTERPRET)
+    found = reachable_variants(ServingSettings(**SETTINGS, **LIMITS), dev, INTERPRET)
     rng = random.Random(0)
     for _ in range(3000):
         batch = rng.randint(1, LIMITS["max_batch"])
@@ -40,8 +40,9 @@ def test_enumerated_variants_cover_random_serving_batches():
 def test_warmup_runs_each_variant_and_reports(capsys):
     limits = dict(max_batch=4, max_context=2048, max_query=40)
     dev = None if INTERPRET else torch.cuda.current_device()
-    found = reachable_variants(**SETTINGS, **limits, sinks=True, device_index=dev, interpret=INTERPRET)
-    report = warmup(**SETTINGS, **limits, sinks=True, device=DEVICE)
+    settings = ServingSettings(**SETTINGS, **limits, sinks=True)
+    found = reachable_variants(settings, dev, INTERPRET)
+    report = warmup(settings, DEVICE)
     assert report.variants == len(found) >= 2
     assert report.calls == len(found) + 2  # plus the two slot-mapping dtypes of the cache write
     assert main(["warmup", "--head-dim", "64", "--num-heads", "8", "--num-kv-heads", "2", "--dtype", "fp16",
@@ -54,7 +55,7 @@ def test_warmup_runs_each_variant_and_reports(capsys):
 def test_serving_loop_after_warmup_compiles_nothing():
     settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
     limits = dict(max_batch=48, max_context=8192, max_query=512)
-    report = warmup(**settings, **limits)
+    report = warmup(ServingSettings(**settings, **limits))
     before = compiled_kernel_count()
     assert before is not None and before >= report.variants
     rng = random.Random(1)

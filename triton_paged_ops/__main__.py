@@ -136,21 +136,21 @@ def main(argv: list[str] | None = None) -> int:
         return bench_command(args, "triton_paged_ops bench", argv)
 
     if args.command == "warmup":
-        from triton_paged_ops.warmup import warmup
+        from triton_paged_ops.warmup import ServingSettings, warmup
 
         dims = (args.head_dim, args.num_heads, args.num_kv_heads, args.page_size, args.max_batch, args.max_context,
                 args.max_query)  # fmt: skip
         if min(dims) < 1 or args.num_heads % args.num_kv_heads:
             print("sizes must be positive and --num-heads a multiple of --num-kv-heads", file=sys.stderr)
             return 2
-        report = warmup(
+        settings = ServingSettings(
             num_q_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim,
             head_dim_v=args.head_dim_v, page_size=args.page_size, dtype=getattr(torch, _DTYPES[args.dtype]),
             max_batch=args.max_batch, max_context=args.max_context, max_query=args.max_query,
             causal=not args.non_causal, window_left=args.window, softcap=args.softcap, alibi=args.alibi,
             sinks=args.sinks, kv_scale=args.kv_scale, block_table_rows=args.block_table_rows, lse=args.lse,
-            device=device,
         )  # fmt: skip
+        report = warmup(settings, device)
         print(f"warm-up: {report.variants} attention variants ({report.calls} op calls) in {report.seconds:.1f} s")
         return 0
 

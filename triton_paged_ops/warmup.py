@@ -35,33 +35,45 @@ class WarmupReport:
     seconds: float
 
 
+@dataclasses.dataclass(frozen=True)
+class ServingSettings:
+    """What serving fixes: the model's attention shape and features, and the per-batch limits.
+
+    ``max_batch`` sequences per batch, ``max_context`` keys per sequence, ``max_query`` new tokens per sequence
+    (the prefill chunk size) at most. Features (``causal``, ``window_left``, ``softcap``, ``alibi``, ``sinks``,
+    ``kv_scale``, ``block_table_rows``, ``lse``) must be set as serving will call the ops.
+    """
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int | None = None
+    page_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+    max_batch: int = 256
+    max_context: int = 32768
+    max_query: int = 8192
+    causal: bool = True
+    window_left: int = -1
+    softcap: float = 0.0
+    alibi: bool = False
+    sinks: bool = False
+    kv_scale: bool = False
+    block_table_rows: bool = False
+    lse: bool = False
+
+
 def reachable_variants(
-    *,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    head_dim_v: int | None = None,
-    page_size: int,
-    dtype: torch.dtype,
-    max_batch: int,
-    max_context: int,
-    max_query: int,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi: bool = False,
-    sinks: bool = False,
-    kv_scale: bool = False,
-    block_table_rows: bool = False,
-    lse: bool = False,
-    device_index: int | None,
-    interpret: bool,
+    settings: ServingSettings, device_index: int | None, interpret: bool
 ) -> dict[tuple, tuple[int, int, int]]:
     """Each reachable variant with one (batch size, query bound, context bound) that reaches it."""
+    st = settings
+    max_batch, max_context, max_query, num_kv_heads = st.max_batch, st.max_context, st.max_query, st.num_kv_heads
     fixed = dict(
-        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=head_dim_v or head_dim,
-        page_size=page_size, dtype=dtype, causal=causal, window_left=window_left, softcap=softcap, has_alibi=alibi,
-        has_sinks=sinks, has_k_scale=kv_scale, has_v_scale=kv_scale, has_rows=block_table_rows, want_lse=lse,
+        num_q_heads=st.num_q_heads, num_kv_heads=num_kv_heads, head_dim=st.head_dim,
+        head_dim_v=st.head_dim_v or st.head_dim, page_size=st.page_size, dtype=st.dtype, causal=st.causal,
+        window_left=st.window_left, softcap=st.softcap, has_alibi=st.alibi, has_sinks=st.sinks,
+        has_k_scale=st.kv_scale, has_v_scale=st.kv_scale, has_rows=st.block_table_rows, want_lse=st.lse,
         device_index=device_index, interpret=interpret,
     )  # fmt: skip
     # Query bounds: every short length (tiles and one-block-per-sequence change among them), then the bounds
@@ -105,53 +117,26 @@ def reachable_variants(
     return found
 
 
-def warmup(
-    *,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    head_dim_v: int | None = None,
-    page_size: int = 16,
-    dtype: torch.dtype = torch.bfloat16,
-    max_batch: int = 256,
-    max_context: int = 32768,
-    max_query: int = 8192,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi: bool = False,
-    sinks: bool = False,
-    kv_scale: bool = False,
-    block_table_rows: bool = False,
-    lse: bool = False,
-    device: str | torch.device = "cuda",
-) -> WarmupReport:
-    """Compile every attention and cache-write variant that serving with these settings can launch.
-
-    ``max_batch`` sequences per batch, ``max_context`` keys per sequence, ``max_query`` new tokens per sequence
-    (the prefill chunk size) at most. Features (``causal``, ``window_left``, ``softcap``, ``alibi``, ``sinks``,
-    ``kv_scale``, ``block_table_rows``, ``lse``) must be set as serving will call the ops.
-    """
+def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> WarmupReport:
+    """Compile every attention and cache-write variant that serving with ``settings`` can launch."""
     device = torch.device(device)
     interpret = device.type == "cpu"
     device_index = None if interpret else (device.index if device.index is not None else torch.cuda.current_device())
-    dv = head_dim_v or head_dim
+    st = settings
+    num_q_heads, num_kv_heads, head_dim, page_size, dtype = (st.num_q_heads, st.num_kv_heads, st.head_dim,
+                                                             st.page_size, st.dtype)  # fmt: skip
+    dv = st.head_dim_v or head_dim
     start = time.perf_counter()
-    found = reachable_variants(
-        num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, head_dim_v=dv, page_size=page_size,
-        dtype=dtype, max_batch=max_batch, max_context=max_context, max_query=max_query, causal=causal,
-        window_left=window_left, softcap=softcap, alibi=alibi, sinks=sinks, kv_scale=kv_scale,
-        block_table_rows=block_table_rows, lse=lse, device_index=device_index, interpret=interpret,
-    )  # fmt: skip
+    found = reachable_variants(st, device_index, interpret)
     # A tiny cache: the calls only need to compile and run, so every sequence is its own queries and nothing more.
     k_cache = torch.randn(2, page_size, num_kv_heads, head_dim, device=device).to(dtype)
     v_cache = torch.randn(2, page_size, num_kv_heads, dv, device=device).to(dtype)
-    extra: dict = {"causal": causal, "window_left": window_left, "softcap": softcap}
-    if alibi:
+    extra: dict = {"causal": st.causal, "window_left": st.window_left, "softcap": st.softcap}
+    if st.alibi:
         extra["alibi_slopes"] = torch.rand(num_q_heads, device=device)
-    if sinks:
+    if st.sinks:
         extra["sinks"] = torch.randn(num_q_heads, device=device)
-    if kv_scale:
+    if st.kv_scale:
         extra["k_scale"] = extra["v_scale"] = torch.ones(1, device=device)
     calls = 0
     for batch, q_bound, k_bound in found.values():
@@ -165,17 +150,17 @@ def warmup(
         table = torch.zeros(batch, width, dtype=torch.int32, device=device)
         table[:, : -(-q_bound // page_size)] = torch.arange(-(-q_bound // page_size), device=device) % 2
         kw = dict(extra)
-        if block_table_rows:
+        if st.block_table_rows:
             kw["block_table_rows"] = torch.arange(batch, device=device)
         out = torch.empty(total, num_q_heads, dv, device=device, dtype=dtype)
-        lse_buf = torch.empty(total, num_q_heads, device=device) if lse else None
+        lse_buf = torch.empty(total, num_q_heads, device=device) if st.lse else None
         api.paged_attention_out(q, k_cache, v_cache, table, cu, seq_lens, q_bound, k_bound, head_dim**-0.5, **kw,
                                 out=out, lse=lse_buf)  # fmt: skip
         calls += 1
     key = torch.randn(1, num_kv_heads, head_dim, device=device).to(dtype)
     value = torch.randn(1, num_kv_heads, dv, device=device).to(dtype)
     for slot_dtype in (torch.int32, torch.int64):
-        scales = (extra["k_scale"], extra["v_scale"]) if kv_scale else (None, None)
+        scales = (extra["k_scale"], extra["v_scale"]) if st.kv_scale else (None, None)
         api.reshape_and_cache(key, value, k_cache, v_cache, torch.zeros(1, dtype=slot_dtype, device=device), *scales)
         calls += 1
     if device.type == "cuda":

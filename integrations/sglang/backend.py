@@ -60,19 +60,20 @@ class TpaAttnBackend(AttentionBackend):
         Covers the plain variants (no window, sinks or soft cap, which vary per layer and are compiled on first
         use); batch, query and context limits come from the runner's request pool and chunked-prefill size.
         """
-        from triton_paged_ops.warmup import warmup
+        from triton_paged_ops.warmup import ServingSettings, warmup
 
         cfg = model_runner.model_config
         tp = getattr(model_runner, "tp_size", 1) or 1
         max_batch = getattr(model_runner, "max_running_requests", None) or self.req_to_token.shape[0]
         server_args = getattr(model_runner, "server_args", None)
         chunk = getattr(server_args, "chunked_prefill_size", None) or self.max_context_len
-        report = warmup(
+        settings = ServingSettings(
             num_q_heads=cfg.get_num_attention_heads(tp), num_kv_heads=cfg.get_num_kv_heads(tp),
             head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
             dtype=model_runner.dtype, max_batch=max_batch, max_context=self.max_context_len,
-            max_query=max(1, min(chunk, self.max_context_len)), block_table_rows=True, device=self.device,
+            max_query=max(1, min(chunk, self.max_context_len)), block_table_rows=True,
         )  # fmt: skip
+        report = warmup(settings, self.device)
         logger.info("tpa warm-up: %d attention variants in %.1f s", report.variants, report.seconds)
 
     def init_forward_metadata(self, forward_batch):

@@ -160,9 +160,9 @@ def test_start_up_warmup_reads_the_runner_settings(monkeypatch):
     seen = {}
     real = wu.warmup
 
-    def spy(**kw):
-        seen.update(kw)
-        return real(**kw)
+    def spy(settings, device):
+        seen.update(vars(settings))
+        return real(settings, device)
 
     monkeypatch.setattr(wu, "warmup", spy)
     case = DECODE_CASES[0]
