@@ -146,10 +146,20 @@ def _tables() -> tuple[dict[tuple, dict], dict[tuple, dict]]:
     return read_file(user_config_path()), shipped
 
 
+_reload_hooks: list = []
+
+
+def on_reload(hook) -> None:
+    """Call ``hook()`` whenever the tables are reloaded (for caches of decisions derived from them)."""
+    _reload_hooks.append(hook)
+
+
 def reload() -> None:
     """Forget the loaded tables (after the user file or ``$TPA_CONFIG_FILE`` changed)."""
     _tables.cache_clear()
     lookup.cache_clear()
+    for hook in _reload_hooks:
+        hook()
 
 
 @functools.lru_cache(maxsize=256)
