@@ -12,6 +12,8 @@ import math
 import torch
 from hypothesis import strategies as st
 
+from triton_paged_ops.inputs import random_paged_batch
+
 PAGE_SIZES = (1, 2, 3, 7, 16, 32, 64)
 HEAD_DIMS = ((64, 64), (80, 80), (96, 96), (128, 128), (96, 64), (192, 128), (256, 256))
 
@@ -151,70 +153,35 @@ def specs(
     )
 
 
-def make_cache_pair(spec: Spec, num_pages: int, gen: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random K/V caches; with ``spec.strided`` they are views into one padded buffer (strided in every dim)."""
-    shape_k = (num_pages, spec.page_size, spec.num_kv_heads, spec.head_dim)
-    shape_v = (num_pages, spec.page_size, spec.num_kv_heads, spec.head_dim_v)
-    if not spec.strided:
-        k = torch.randn(shape_k, generator=gen, device=device).to(spec.dtype)
-        v = torch.randn(shape_v, generator=gen, device=device).to(spec.dtype)
-        return k, v
-    # One buffer [pages, page_size, 2, Hkv + 1, max(D, Dv) + 8]: K at [:, :, 0], V at [:, :, 1], padded heads/dims.
-    width = max(spec.head_dim, spec.head_dim_v) + 8
-    buf = torch.randn(num_pages, spec.page_size, 2, spec.num_kv_heads + 1, width, generator=gen, device=device).to(
-        spec.dtype
-    )
-    k = buf[:, :, 0, : spec.num_kv_heads, : spec.head_dim]
-    v = buf[:, :, 1, 1:, : spec.head_dim_v]
-    return k, v
-
-
 def build(spec: Spec, device: str | torch.device) -> Problem:
     """Materialise a drawn spec as tensors on ``device``."""
     gen = torch.Generator(device=device).manual_seed(spec.seed)
-    ps = spec.page_size
-    pages_per_seq = [math.ceil(n / ps) for n in spec.kv_lens]
-    needed = sum(pages_per_seq)
-    num_pages = max(1, needed + spec.spare_pages)
-    k_cache, v_cache = make_cache_pair(spec, num_pages, gen, device)
-    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
-    width = max(1, max(pages_per_seq, default=0) + spec.extra_cols)
-    # Entries past a sequence's pages are never read: fill them with an id no cache has.
-    batch = len(spec.kv_lens)
-    # With row indirection the table is a pool with spare rows, and sequence b lives in a random row.
-    rows = torch.arange(batch, device=device)
-    if spec.rows_dtype is not None:
-        rows = torch.randperm(batch + 3, generator=gen, device=device)[:batch]
-    block_table = torch.full((batch + (3 if spec.rows_dtype is not None else 0), width), -1, dtype=torch.int32,
-                             device=device)  # fmt: skip
-    at = 0
-    for b, n in enumerate(pages_per_seq):
-        block_table[rows[b], :n] = perm[at : at + n]
-        at += n
     hq = spec.num_kv_heads * spec.group
-    total = sum(spec.q_lens) + spec.pad_tokens
-    q = torch.randn(total, hq, spec.head_dim, generator=gen, device=device).to(spec.dtype)
-    cu = torch.tensor([0, *spec.q_lens], device=device).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor(spec.kv_lens, dtype=torch.int32, device=device)
+    pb = random_paged_batch(
+        spec.q_lens, spec.kv_lens, num_q_heads=hq, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        head_dim_v=spec.head_dim_v, page_size=spec.page_size, dtype=spec.dtype, device=device, generator=gen,
+        scale=spec.scale, strided=spec.strided, spare_pages=spec.spare_pages, extra_cols=spec.extra_cols,
+        pad_tokens=spec.pad_tokens, rows_dtype=spec.rows_dtype,
+    )  # fmt: skip
     kwargs: dict = {"causal": spec.causal, "window_left": spec.window_left, "softcap": spec.softcap}
+    if pb.block_table_rows is not None:
+        kwargs["block_table_rows"] = pb.block_table_rows
     if spec.use_alibi:
         kwargs["alibi_slopes"] = torch.rand(hq, generator=gen, device=device) * 0.5
     if spec.use_sinks:
         kwargs["sinks"] = torch.randn(hq, generator=gen, device=device) * 2.0
-    if spec.rows_dtype is not None:
-        kwargs["block_table_rows"] = rows.to(spec.rows_dtype)
     if spec.use_kv_scale:
         kwargs["k_scale"] = torch.rand(1, generator=gen, device=device) + 0.5
         kwargs["v_scale"] = torch.rand(1, generator=gen, device=device) + 0.5
     return Problem(
         spec=spec,
-        q=q,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        block_table=block_table,
-        cu_seqlens_q=cu,
-        seq_lens=seq_lens,
-        max_seqlen_q=max(spec.q_lens, default=0),
-        max_seqlen_k=max(spec.kv_lens, default=0),
+        q=pb.q,
+        k_cache=pb.k_cache,
+        v_cache=pb.v_cache,
+        block_table=pb.block_table,
+        cu_seqlens_q=pb.cu_seqlens_q,
+        seq_lens=pb.seq_lens,
+        max_seqlen_q=pb.max_seqlen_q,
+        max_seqlen_k=pb.max_seqlen_k,
         kwargs=kwargs,
     )

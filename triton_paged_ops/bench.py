@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from triton_paged_ops import api, reference
+from triton_paged_ops.inputs import random_paged_batch
 
 
 @dataclasses.dataclass
@@ -101,28 +102,16 @@ class Inputs:
 
 def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
     gen = torch.Generator(device=device).manual_seed(seed)
-    ps, hkv, d = case.page_size, case.num_kv_heads, case.head_dim
-    pages = [math.ceil(n / ps) for n in case.kv_lens]
-    num_pages = sum(pages)
-    k_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device=device).to(case.dtype)
-    v_cache = torch.randn(num_pages, ps, hkv, d, generator=gen, device=device).to(case.dtype)
-    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
-    width = max(pages)
-    block_table = torch.zeros(len(pages), width, dtype=torch.int32, device=device)
-    offsets = [0, *torch.tensor(pages).cumsum(0).tolist()]
-    for b, n in enumerate(pages):
-        block_table[b, :n] = perm[offsets[b] : offsets[b] + n]
     b = len(case.kv_lens)
-    q = torch.randn(b * case.q_len, case.num_q_heads, d, generator=gen, device=device).to(case.dtype)
-    cu = torch.arange(b + 1, device=device, dtype=torch.int32) * case.q_len
-    seq_lens = torch.tensor(case.kv_lens, dtype=torch.int32, device=device)
-    out = torch.empty(b * case.q_len, case.num_q_heads, d, device=device, dtype=case.dtype)
+    pb = random_paged_batch(
+        [case.q_len] * b, case.kv_lens, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
+        head_dim=case.head_dim, page_size=case.page_size, dtype=case.dtype, device=device, generator=gen,
+    )  # fmt: skip
+    out = torch.empty(b * case.q_len, case.num_q_heads, case.head_dim, device=device, dtype=case.dtype)
     tokens = sum(case.kv_lens)
-    elem = torch.finfo(case.dtype).bits // 8
-    kv_bytes = 2 * tokens * hkv * d * elem
-    flops = 4.0 * tokens * case.q_len * case.num_q_heads * d
-    args = (q, k_cache, v_cache, block_table, cu, seq_lens, case.q_len, max(case.kv_lens), d**-0.5)
-    return Inputs(args, out, kv_bytes, flops)
+    kv_bytes = 2 * tokens * case.num_kv_heads * case.head_dim * (torch.finfo(case.dtype).bits // 8)
+    flops = 4.0 * tokens * case.q_len * case.num_q_heads * case.head_dim
+    return Inputs(pb.args, out, kv_bytes, flops)
 
 
 def check_case(inp: Inputs, max_seqs: int = 4) -> float:

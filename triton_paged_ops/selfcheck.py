@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from triton_paged_ops import api, reference
+from triton_paged_ops.inputs import random_paged_batch
 
 # Relative L2 error allowed per dtype: the reference runs in fp32 from the same inputs.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -28,30 +29,6 @@ class Row:
     rel_err: float
     time_ms: float
     ok: bool
-
-
-def _paged_inputs(seqs, page_size, hkv, hq, d, dv, dtype, device, strided, gen):
-    """q, caches, block table and lengths for ``seqs`` = [(q_len, kv_len), ...]; pages randomly permuted."""
-    pages_per_seq = [math.ceil(kv / page_size) for _, kv in seqs]
-    num_pages = sum(pages_per_seq) + 2
-    width = max(pages_per_seq)
-    if strided:  # K and V as views of one buffer, interleaved per token
-        buf = torch.randn(num_pages, page_size, 2, hkv, max(d, dv), generator=gen, device=device).to(dtype)
-        k_cache, v_cache = buf[:, :, 0, :, :d], buf[:, :, 1, :, :dv]
-    else:
-        k_cache = torch.randn(num_pages, page_size, hkv, d, generator=gen, device=device).to(dtype)
-        v_cache = torch.randn(num_pages, page_size, hkv, dv, generator=gen, device=device).to(dtype)
-    perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
-    block_table = torch.zeros(len(seqs), width, dtype=torch.int32, device=device)
-    start = 0
-    for b, n in enumerate(pages_per_seq):
-        block_table[b, :n] = perm[start : start + n]
-        start += n
-    q_lens = [ql for ql, _ in seqs]
-    q = torch.randn(sum(q_lens), hq, d, generator=gen, device=device).to(dtype)
-    cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
-    seq_lens = torch.tensor([kv for _, kv in seqs], dtype=torch.int32, device=device)
-    return (q, k_cache, v_cache, block_table, cu, seq_lens, max(q_lens), int(seq_lens.max()), d**-0.5)
 
 
 def _attention_cases(on_gpu: bool) -> list[tuple[str, dict]]:
@@ -107,8 +84,12 @@ def run_selfcheck(device: str | None = None, seed: int | None = None) -> list[Ro
         for name, c in _attention_cases(on_gpu):
             kw = dict(c.get("kw", {}))
             hq = c["hq"]
-            args = _paged_inputs(c["seqs"], c["page_size"], c["hkv"], hq, c["d"], c["dv"], dtype, device,
-                                 c.get("strided", False), gen)  # fmt: skip
+            q_lens, kv_lens = [ql for ql, _ in c["seqs"]], [kv for _, kv in c["seqs"]]
+            args = random_paged_batch(
+                q_lens, kv_lens, num_q_heads=hq, num_kv_heads=c["hkv"], head_dim=c["d"], head_dim_v=c["dv"],
+                page_size=c["page_size"], dtype=dtype, device=device, generator=gen, strided=c.get("strided", False),
+                spare_pages=2,
+            ).args  # fmt: skip
             if kw.pop("alibi", False):
                 kw["alibi_slopes"] = torch.rand(hq, generator=gen, device=device) * 0.1
             if kw.pop("sinks", False):
