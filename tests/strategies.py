@@ -43,6 +43,7 @@ class Spec:
     seed: int
     num_splits: int | None = None  # force split-KV segments (None: the planner decides)
     rows_dtype: torch.dtype | None = None  # sequences' rows picked from a larger table by block_table_rows
+    fp8_cache: bool = False  # K/V caches in float8_e4m3fn (q keeps its dtype)
 
 
 @dataclasses.dataclass
@@ -150,6 +151,7 @@ def specs(
         # would only multiply the interpreter's per-program cost.
         num_splits=draw(st.one_of(st.none(), st.integers(2, 9))) if small or max(q_lens) <= 16 else None,
         rows_dtype=draw(st.sampled_from((None, None, torch.int32, torch.int64))),
+        fp8_cache=draw(st.sampled_from((False, False, False, True))),
     )
 
 
@@ -162,6 +164,7 @@ def build(spec: Spec, device: str | torch.device) -> Problem:
         head_dim_v=spec.head_dim_v, page_size=spec.page_size, dtype=spec.dtype, device=device, generator=gen,
         scale=spec.scale, strided=spec.strided, spare_pages=spec.spare_pages, extra_cols=spec.extra_cols,
         pad_tokens=spec.pad_tokens, rows_dtype=spec.rows_dtype,
+        cache_dtype=torch.float8_e4m3fn if spec.fp8_cache else None,
     )  # fmt: skip
     kwargs: dict = {"causal": spec.causal, "window_left": spec.window_left, "softcap": spec.softcap}
     if pb.block_table_rows is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -81,3 +82,56 @@ def test_padding_slots_write_nothing():
     key = torch.randn(3, 1, 64, device=DEVICE)
     tpa.reshape_and_cache(key, key, k_cache, v_cache, torch.tensor([-1, -5, -1], dtype=torch.int32, device=DEVICE))
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+FP8 = torch.float8_e4m3fn
+
+
+def _fp8_case(n: int, scale: float, gen) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Keys/values that are fp8 numbers times a power-of-two scale (exact after the division), and fp8 caches."""
+    fp8_values = (torch.randn(n, 2, 64, generator=gen, device=DEVICE) * 100).to(FP8)
+    key = fp8_values.float() * scale
+    value = fp8_values.flip(0).float() * scale
+    k_cache = torch.zeros(4, 16, 2, 64, device=DEVICE).to(FP8)
+    return key, value, k_cache, k_cache.clone()
+
+
+@given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from((0.25, 1.0, 4.0)), src=st.sampled_from(FLOATS))
+def test_fp8_cache_holds_the_quantised_values(seed, scale, src):
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    key, value, k_cache, v_cache = _fp8_case(20, scale, gen)
+    key, value = key.to(src), value.to(src)
+    slots = torch.randperm(64, generator=gen, device=DEVICE)[:20]
+    scales = torch.tensor([scale], device=DEVICE)
+    tpa.reshape_and_cache(key, value, k_cache, v_cache, slots, scales, scales)
+    k_ref, v_ref = torch.zeros_like(k_cache), torch.zeros_like(v_cache)
+    reference.reshape_and_cache(key, value, k_ref, v_ref, slots, scales, scales)
+    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), v_ref.view(torch.uint8))
+    # Dequantised, the cache gives the inputs back exactly (they were fp8 numbers times the scale).
+    got = k_cache.view(-1, 2, 64)[slots.long()].float() * scale
+    assert torch.equal(got, key.float())
+
+
+def test_fp8_cache_saturates_instead_of_nan():
+    key = torch.tensor([1e6, -1e6, float("inf"), float("-inf"), 448.0, 500.0, -460.0, 3.0], device=DEVICE)
+    key = key.view(8, 1, 1).expand(8, 1, 16).contiguous()
+    k_cache = torch.zeros(1, 8, 1, 16, device=DEVICE).to(FP8)
+    v_cache = k_cache.clone()
+    tpa.reshape_and_cache(key, key, k_cache, v_cache, torch.arange(8, device=DEVICE))
+    got = k_cache[0, :, 0, 0].float().tolist()
+    assert got == [448.0, -448.0, 448.0, -448.0, 448.0, 448.0, -448.0, 3.0]
+
+
+@pytest.mark.gpu
+def test_fp8_rounding_matches_torch():
+    """Arbitrary values round to nearest-even like torch's cast (the interpreter's fp8 rounding is not faithful)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    key = torch.randn(64, 2, 64, generator=gen, device=DEVICE) * 300
+    k_cache = torch.zeros(4, 16, 2, 64, device=DEVICE).to(FP8)
+    v_cache, k_ref, v_ref = k_cache.clone(), k_cache.clone(), k_cache.clone()
+    scale = torch.tensor([0.7], device=DEVICE)
+    slots = torch.arange(64, device=DEVICE)
+    tpa.reshape_and_cache(key, key, k_cache, v_cache, slots, scale, scale)
+    reference.reshape_and_cache(key, key, k_ref, v_ref, slots, scale, scale)
+    assert torch.equal(k_cache.view(torch.uint8), k_ref.view(torch.uint8))

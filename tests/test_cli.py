@@ -59,3 +59,18 @@ def test_bench_arguments(capsys):
         main(["bench", "--help"])
     help_text = capsys.readouterr().out
     assert exc.value.code == 0 and all(f in help_text for f in ("--out", "--png", "--only", "--no-sdpa", "--config"))
+
+
+def test_benchmark_inputs_match_the_reference():
+    """The benchmark's own correctness check (random permuted pages; fp8 cases carry their scales)."""
+    import torch
+
+    from triton_paged_ops.bench import Case, build_inputs, check_case
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for cache_dtype in (None, torch.float8_e4m3fn):
+        case = Case("small", [40, 300, 7], num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float16,
+                    cache_dtype=cache_dtype)  # fmt: skip
+        inp = build_inputs(case, seed=1, device=device)
+        assert inp.kv_bytes == 2 * 347 * 2 * 64 * (1 if cache_dtype else 2)
+        assert check_case(inp) < 2e-3

@@ -30,6 +30,7 @@ class Case:
     head_dim: int = 128
     page_size: int = 16
     dtype: torch.dtype = torch.bfloat16
+    cache_dtype: torch.dtype | None = None  # e.g. float8_e4m3fn, read with k/v scales (default: dtype)
 
 
 def _ragged_lengths(n: int, lo: int, hi: int, seed: int = 0) -> list[int]:
@@ -52,6 +53,8 @@ def decode_cases() -> list[Case]:
         Case("B32x4k page64", [4096] * 32, page_size=64),
         Case("B32x4k D64", [4096] * 32, head_dim=64),
         Case("B32x4k D256", [4096] * 32, head_dim=256),
+        Case("B32x4k fp8", [4096] * 32, cache_dtype=torch.float8_e4m3fn),
+        Case("B64x8k fp8", [8192] * 64, cache_dtype=torch.float8_e4m3fn),
     ]
 
 
@@ -98,6 +101,7 @@ class Inputs:
     out: torch.Tensor
     kv_bytes: int
     flops: float
+    kwargs: dict = dataclasses.field(default_factory=dict)  # k/v scales of an fp8 cache
 
 
 def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
@@ -106,23 +110,27 @@ def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
     pb = random_paged_batch(
         [case.q_len] * b, case.kv_lens, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim, page_size=case.page_size, dtype=case.dtype, device=device, generator=gen,
+        cache_dtype=case.cache_dtype,
     )  # fmt: skip
     out = torch.empty(b * case.q_len, case.num_q_heads, case.head_dim, device=device, dtype=case.dtype)
     tokens = sum(case.kv_lens)
-    kv_bytes = 2 * tokens * case.num_kv_heads * case.head_dim * (torch.finfo(case.dtype).bits // 8)
+    kv_bytes = 2 * tokens * case.num_kv_heads * case.head_dim * pb.k_cache.element_size()
     flops = 4.0 * tokens * case.q_len * case.num_q_heads * case.head_dim
-    return Inputs(pb.args, out, kv_bytes, flops)
+    kwargs = {}
+    if case.cache_dtype is not None and case.cache_dtype.itemsize == 1:
+        kwargs = {"k_scale": torch.tensor([0.8], device=device), "v_scale": torch.tensor([1.2], device=device)}
+    return Inputs(pb.args, out, kv_bytes, flops, kwargs)
 
 
 def check_case(inp: Inputs, max_seqs: int = 4) -> float:
     """Relative L2 error of the kernel against the reference on up to ``max_seqs`` sequences (poisoned output)."""
     q, k_cache, v_cache, block_table, cu, seq_lens, mq, mk, scale = inp.args
     inp.out.fill_(float("nan"))
-    api.paged_attention_out(*inp.args, out=inp.out)
+    api.paged_attention_out(*inp.args, **inp.kwargs, out=inp.out)
     n_tok = int(cu[max_seqs]) if len(seq_lens) > max_seqs else q.shape[0]
     sub = slice(0, min(max_seqs, len(seq_lens)))
     ref = reference.paged_attention(q[:n_tok], k_cache, v_cache, block_table[sub], cu[: sub.stop + 1],
-                                    seq_lens[sub], scale)  # fmt: skip
+                                    seq_lens[sub], scale, **inp.kwargs)  # fmt: skip
     got = inp.out[:n_tok].float()
     if got.isnan().any():
         return float("inf")
@@ -189,7 +197,7 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True) -> dict:
     for i, case in enumerate(cases):
         inp = build_inputs(case, seed + i)
         err = check_case(inp)
-        us = time_graph(lambda inp=inp: api.paged_attention_out(*inp.args, out=inp.out))
+        us = time_graph(lambda inp=inp: api.paged_attention_out(*inp.args, **inp.kwargs, out=inp.out))
         shape = {
             "B": len(case.kv_lens),
             "kv_tokens": sum(case.kv_lens),
@@ -199,7 +207,8 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True) -> dict:
             "D": case.head_dim,
             "page_size": case.page_size,
         }
-        base = {"case": case.name, "shape": shape, "dtype": str(case.dtype).replace("torch.", "")}
+        base = {"case": case.name, "shape": shape, "dtype": str(case.dtype).replace("torch.", ""),
+                "cache_dtype": str(case.cache_dtype or case.dtype).replace("torch.", "")}  # fmt: skip
         tbps = inp.kv_bytes / us / 1e6
         records.append({**base, "provider": "tpa", "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
                         "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip

@@ -14,6 +14,9 @@ from collections.abc import Callable
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# fp8 caches (with per-tensor k_scale / v_scale): e4m3fn (NVIDIA, OCP) and e4m3fnuz (AMD MI300).
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+CACHE_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 MAX_HEAD_DIM = 256
 
 _debug = os.environ.get("TPA_DEBUG", "0") not in ("", "0")
@@ -54,6 +57,11 @@ def _check_tensor(
     )
     if last_contiguous and t.shape[-1] > 1:
         _require(t.stride(-1) == 1, lambda: f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+
+
+def _check_cache_dtype(name: str, t: torch.Tensor) -> None:
+    if t.dtype == torch.float8_e4m3fnuz and torch.version.hip is None:
+        raise TypeError(f"{name}: float8_e4m3fnuz caches are for AMD GPUs (ROCm); use float8_e4m3fn here")
 
 
 def _check_per_head(name: str, t: torch.Tensor | None, num_q_heads: int, device: torch.device) -> None:
@@ -97,8 +105,9 @@ def check_attention_args(
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     dev = q.device
     _check_tensor("q", q, 3, FLOAT_DTYPES, dev)
-    _check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, dev)
-    _check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, dev)
+    _check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
+    _check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
+    _check_cache_dtype("k_cache", k_cache)
     _check_tensor("block_table", block_table, 2, (torch.int32,), dev)
     _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), dev, last_contiguous=False)
     _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, last_contiguous=False)
@@ -236,8 +245,9 @@ def check_cache_args(
     dev = key.device
     _check_tensor("key", key, 3, FLOAT_DTYPES, dev)
     _check_tensor("value", value, 3, FLOAT_DTYPES, dev)
-    _check_tensor("k_cache", k_cache, 4, FLOAT_DTYPES, dev)
-    _check_tensor("v_cache", v_cache, 4, FLOAT_DTYPES, dev)
+    _check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
+    _check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
+    _check_cache_dtype("k_cache", k_cache)
     _check_tensor("slot_mapping", slot_mapping, 1, (torch.int32, torch.int64), dev, last_contiguous=False)
     n, num_kv_heads, head_dim = key.shape
     _require(

@@ -33,6 +33,7 @@ class PagedBatch:
 
 
 def _caches(shape_k, shape_v, dtype, device, gen, strided: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # (fp8 caches: standard normal values lie well inside the fp8 range; torch rounds them.)
     if not strided:
         k = torch.randn(shape_k, generator=gen, device=device).to(dtype)
         v = torch.randn(shape_v, generator=gen, device=device).to(dtype)
@@ -63,18 +64,21 @@ def random_paged_batch(
     extra_cols: int = 0,
     pad_tokens: int = 0,
     rows_dtype: torch.dtype | None = None,
+    cache_dtype: torch.dtype | None = None,
 ) -> PagedBatch:
     """Sequence ``b`` has ``q_lens[b]`` new tokens and ``kv_lens[b]`` keys (new ones included).
 
     ``spare_pages`` unused pages in the pool, ``extra_cols`` unused block-table columns, ``pad_tokens`` rows of
     ``q`` past the last sequence (CUDA-graph padding); ``rows_dtype`` puts the sequences in random rows of a table
-    with spare rows and returns their indices as ``block_table_rows``.
+    with spare rows and returns their indices as ``block_table_rows``; ``cache_dtype`` (default ``dtype``) is the
+    caches' dtype, e.g. fp8.
     """
     gen, dv = generator, head_dim_v or head_dim
     pages_per_seq = [math.ceil(n / page_size) for n in kv_lens]
     num_pages = max(1, sum(pages_per_seq) + spare_pages)
     k_cache, v_cache = _caches((num_pages, page_size, num_kv_heads, head_dim),
-                               (num_pages, page_size, num_kv_heads, dv), dtype, device, gen, strided)  # fmt: skip
+                               (num_pages, page_size, num_kv_heads, dv), cache_dtype or dtype, device, gen,
+                               strided)  # fmt: skip
     perm = torch.randperm(num_pages, generator=gen, device=device).to(torch.int32)
     batch = len(kv_lens)
     spare_rows = 3 if rows_dtype is not None else 0

@@ -110,7 +110,7 @@ def reshape_and_cache(
     """Write token i's K/V to cache slot ``slot_mapping[i]`` (``page * page_size + offset``); negative slots skip.
 
     Values are divided by the optional scales before the cast to the cache dtype (so that ``cache * scale``
-    recovers them).
+    recovers them); for fp8 caches they saturate at the format's largest finite value instead of becoming NaN.
     """
     page_size = k_cache.shape[1]
     for i, slot in enumerate(slot_mapping.tolist()):
@@ -118,8 +118,16 @@ def reshape_and_cache(
             continue
         k = key[i].float() if k_scale is None else key[i].float() / k_scale.float()
         v = value[i].float() if v_scale is None else value[i].float() / v_scale.float()
-        k_cache[slot // page_size, slot % page_size] = k.to(k_cache.dtype)
-        v_cache[slot // page_size, slot % page_size] = v.to(v_cache.dtype)
+        k_cache[slot // page_size, slot % page_size] = saturate(k, k_cache.dtype).to(k_cache.dtype)
+        v_cache[slot // page_size, slot % page_size] = saturate(v, v_cache.dtype).to(v_cache.dtype)
+
+
+def saturate(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Clamp ``x`` to the finite range of an fp8 ``dtype`` (whose casts turn overflow into NaN); others unchanged."""
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        limit = torch.finfo(dtype).max
+        return x.clamp(-limit, limit)
+    return x
 
 
 def merge_attn_states(

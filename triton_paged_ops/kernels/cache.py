@@ -30,6 +30,7 @@ def _store_rows(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    SATURATE: tl.constexpr,
 ):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -39,6 +40,13 @@ def _store_rows(
     if HAS_SCALE:
         # Correctly rounded division: the fast approximate x / y would not match torch (or a re-quantisation) bitwise.
         x = tl.math.div_rn(x, tl.load(scale_ptr))
+    if SATURATE > 0:
+        # fp8 has no infinity: out-of-range values would become NaN in the cast, so they saturate instead; and
+        # round to nearest even, as torch's cast does.
+        x = tl.minimum(tl.maximum(x, -SATURATE), SATURATE)
+        y = x.to(dst_ptr.dtype.element_ty, fp_downcast_rounding="rtne")
+    else:
+        y = x.to(dst_ptr.dtype.element_ty)
     # int64: page * stride overflows int32 for caches past 2 G elements.
     dst = (
         dst_ptr
@@ -47,7 +55,7 @@ def _store_rows(
         + offs_h[:, None] * stride_dst_head
         + offs_d[None, :]
     )
-    tl.store(dst, x.to(dst_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst, y, mask=mask)
 
 
 @triton.jit
@@ -79,6 +87,8 @@ def _reshape_and_cache_kernel(
     BLOCK_DV: tl.constexpr,
     HAS_K_SCALE: tl.constexpr,
     HAS_V_SCALE: tl.constexpr,
+    K_SATURATE: tl.constexpr,
+    V_SATURATE: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -89,13 +99,18 @@ def _reshape_and_cache_kernel(
     _store_rows(
         key_ptr, k_cache_ptr, k_scale_ptr, token, page, offset, valid, num_heads,
         stride_key_t, stride_key_h, stride_k_page, stride_k_slot, stride_k_head,
-        HEAD_DIM, BLOCK_H, BLOCK_D, HAS_K_SCALE,
+        HEAD_DIM, BLOCK_H, BLOCK_D, HAS_K_SCALE, K_SATURATE,
     )  # fmt: skip
     _store_rows(
         value_ptr, v_cache_ptr, v_scale_ptr, token, page, offset, valid, num_heads,
         stride_value_t, stride_value_h, stride_v_page, stride_v_slot, stride_v_head,
-        HEAD_DIM_V, BLOCK_H, BLOCK_DV, HAS_V_SCALE,
+        HEAD_DIM_V, BLOCK_H, BLOCK_DV, HAS_V_SCALE, V_SATURATE,
     )  # fmt: skip
+
+
+def _saturation(dtype: torch.dtype) -> float:
+    """Largest finite value of an fp8 cache dtype (writes clamp to it); 0 for other dtypes (no clamp)."""
+    return float(torch.finfo(dtype).max) if dtype.itemsize == 1 else 0.0
 
 
 def _launch_reshape_and_cache(
@@ -125,5 +140,6 @@ def _launch_reshape_and_cache(
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_DV=triton.next_power_of_2(head_dim_v),
         HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
+        K_SATURATE=_saturation(k_cache.dtype), V_SATURATE=_saturation(v_cache.dtype),
         num_warps=4,
     )  # fmt: skip
