@@ -12,9 +12,10 @@ _ATTENTION_PARAMS = """
     q : Tensor [T, Hq, D], float16 / bfloat16 / float32
         New query tokens of all sequences, back to back (sequence ``b`` owns rows
         ``cu_seqlens_q[b]:cu_seqlens_q[b+1]``). Only the last dim must be contiguous.
-    k_cache : Tensor [num_pages, page_size, Hkv, D]
+    k_cache : Tensor [num_pages, page_size, Hkv, D], float16 / bfloat16 / float32 / float8_e4m3fn
         Paged key cache ("NHD"); any ``page_size >= 1``. May be a strided view (e.g. of a combined K/V buffer);
         only the last dim must be contiguous. The new tokens' keys must already be written (``reshape_and_cache``).
+        Its dtype may differ from ``q``'s: an fp8 cache (``float8_e4m3fnuz`` on ROCm) is read with ``k_scale``.
     v_cache : Tensor [num_pages, page_size, Hkv, Dv]
         Paged value cache, same dtype and page layout as ``k_cache``; ``Dv`` may differ from ``D``.
     block_table : Tensor [B, max_pages] (or [R, max_pages] with ``block_table_rows``), int32
@@ -195,7 +196,9 @@ def reshape_and_cache(
         Keys and values of N new tokens (last dim contiguous).
     k_cache : Tensor [num_pages, page_size, Hkv, D]
     v_cache : Tensor [num_pages, page_size, Hkv, Dv]
-        Paged caches (may be strided views; last dim contiguous). Values are cast to the cache dtype.
+        Paged caches (may be strided views; last dim contiguous). Values are cast to the cache dtype; fp8 caches
+        (``float8_e4m3fn``, ``float8_e4m3fnuz`` on ROCm) get round-to-nearest-even values that saturate at the
+        format's largest finite value instead of overflowing to NaN.
     slot_mapping : Tensor [N], int32 or int64
         Destination of token i: ``slot = page_id * page_size + offset``. Negative slots are padding and skipped.
     k_scale, v_scale : Tensor [1], float32, optional
