@@ -154,7 +154,7 @@ def test_tune_end_to_end_is_deterministic_and_resumable(tables):
         gpu, cap = _identity()
         key = configs.entry_key(gpu, cap, configs.triton_version(), "float16", 64, regime)
         assert configs.read_file(user)[key] == want
-        assert configs.lookup(None, torch.float16, 64, regime) == want
+        assert configs.lookup(None, "float16", 64, regime) == want
     # A third run has nothing left to do; --fresh measures everything again.
     timer = CountingTimer()
     tune([torch.float16], [64], regimes, timer=timer, **kw)
@@ -173,3 +173,21 @@ def test_tune_command_line_arguments(tables, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["tune", "--help"])
     assert exc.value.code == 0 and "--quick" in capsys.readouterr().out
+
+
+def test_fp8_caches_have_their_own_entries(tables):
+    user, _ = tables
+    fp8 = torch.float8_e4m3fn
+    key = configs.dtype_name(torch.float16, fp8)
+    assert key == "float16+float8_e4m3fn" and configs.dtype_name(torch.float16, torch.float16) == "float16"
+    entry = {"dtype": key, "head_dim": 64, "regime": "decode", "config": {"BLOCK_N": 32, "num_warps": 4}}
+    user.parent.mkdir()
+    user.write_text(json.dumps(_file([entry])))
+    configs.reload()
+
+    def block_n(cache_dtype):
+        cfg = select_attention_config(64, 2, torch.float16, 1, INTERPRET, DEVICE_INDEX, cache_dtype)
+        return cfg["BLOCK_N"]
+
+    assert block_n(fp8) == 32
+    assert block_n(None) == block_n(torch.float16) != 32

@@ -32,8 +32,9 @@ def test_enumerated_variants_cover_random_serving_batches():
         # Decode, speculative-verify-like and prefill-chunk bounds, and any context bound up to the limit.
         q = rng.choice([1, rng.randint(2, 16), rng.randint(17, LIMITS["max_query"])])
         k = rng.randint(q, LIMITS["max_context"])
-        lp = attention_launch_plan(**SETTINGS, num_seqs=batch, max_seqlen_q=q, max_seqlen_k=k, head_dim_v=64,
-                                   device_index=dev, interpret=INTERPRET, **FEATURES)  # fmt: skip
+        lp = attention_launch_plan(**SETTINGS, cache_dtype=SETTINGS["dtype"], num_seqs=batch, max_seqlen_q=q,
+                                   max_seqlen_k=k, head_dim_v=64, device_index=dev, interpret=INTERPRET,
+                                   **FEATURES)  # fmt: skip
         assert lp.variant() in found, (batch, q, k)
 
 
@@ -49,6 +50,8 @@ def test_warmup_runs_each_variant_and_reports(capsys):
                  "--max-batch", "2", "--max-context", "256", "--max-query", "16"]) == 0  # fmt: skip
     assert "attention variants" in capsys.readouterr().out
     assert main(["warmup", "--head-dim", "64", "--num-heads", "6", "--num-kv-heads", "4"]) == 2
+    fp8 = warmup(ServingSettings(**SETTINGS, **limits, cache_dtype=torch.float8_e4m3fn), DEVICE)
+    assert fp8.variants == report.variants  # same launch decisions, other kernels (fp8 pointers)
 
 
 @pytest.mark.gpu

@@ -43,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     tune.add_argument("--dtype", nargs="+", choices=sorted(_DTYPES), default=["bf16"], help="dtypes (default bf16)")
     tune.add_argument("--head-dim", nargs="+", type=int, default=[128], help="head dims (default 128)")
+    tune.add_argument("--cache-dtype", choices=("same", "fp8"), default="same",
+                      help="KV cache dtype: as the queries, or float8_e4m3fn (default same)")  # fmt: skip
     tune.add_argument(
         "--regime", nargs="+", choices=("decode", "short", "prefill"), default=["decode", "short", "prefill"],
         help="query regimes: decode (1 token), short (<= 16 tokens), prefill (default: all three)",
@@ -77,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     wu.add_argument("--num-kv-heads", type=int, required=True, help="KV heads (per GPU)")
     wu.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16", help="query/cache dtype (default bf16)")
     wu.add_argument("--page-size", type=int, default=16, help="KV cache page size (default 16)")
+    wu.add_argument("--cache-dtype", choices=("same", "fp8"), default="same",
+                    help="KV cache dtype: as --dtype, or float8_e4m3fn (default same)")  # fmt: skip
     wu.add_argument("--max-batch", type=int, default=256, help="sequences per batch, at most (default 256)")
     wu.add_argument("--max-context", type=int, default=32768, help="keys per sequence, at most (default 32768)")
     wu.add_argument("--max-query", type=int, default=8192, help="new tokens per sequence, at most (default 8192)")
@@ -127,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             [getattr(torch, _DTYPES[d]) for d in args.dtype], args.head_dim, args.regime,
             num_q_heads=args.num_heads, num_kv_heads=args.num_kv_heads, page_size=args.page_size, device=device,
             quick=args.quick, out=Path(args.out) if args.out else None, fresh=args.fresh,
+            cache_dtype=torch.float8_e4m3fn if args.cache_dtype == "fp8" else None,
         )  # fmt: skip
         return 0
 
@@ -146,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = ServingSettings(
             num_q_heads=args.num_heads, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim,
             head_dim_v=args.head_dim_v, page_size=args.page_size, dtype=getattr(torch, _DTYPES[args.dtype]),
+            cache_dtype=torch.float8_e4m3fn if args.cache_dtype == "fp8" else None,
             max_batch=args.max_batch, max_context=args.max_context, max_query=args.max_query,
             causal=not args.non_causal, window_left=args.window, softcap=args.softcap, alibi=args.alibi,
             sinks=args.sinks, kv_scale=args.kv_scale, block_table_rows=args.block_table_rows, lse=args.lse,

@@ -13,8 +13,10 @@ File format (JSON)::
                  "entries": [{"dtype": "bfloat16", "head_dim": 128, "regime": "decode",
                               "config": {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, ...}}]}]}
 
-``head_dim`` is the padded head dim (the next power of two, at least 16). A file that cannot be read or has another
-schema is skipped with a warning, as is any entry whose config is not valid; nothing here raises on bad files.
+``head_dim`` is the padded head dim (the next power of two, at least 16); ``dtype`` is the query dtype, with
+``+<cache dtype>`` appended when the caches have another (``"bfloat16+float8_e4m3fn"``). A file that cannot be
+read or has another schema is skipped with a warning, as is any entry whose config is not valid; nothing here
+raises on bad files.
 """
 
 from __future__ import annotations
@@ -49,8 +51,12 @@ def triton_version() -> str:
     return ".".join(triton.__version__.split(".")[:2])
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def dtype_name(dtype: torch.dtype, cache_dtype: torch.dtype | None = None) -> str:
+    """The table's dtype key: the query dtype, plus ``+<cache dtype>`` when the caches differ (e.g. fp8)."""
+    name = str(dtype).removeprefix("torch.")
+    if cache_dtype is not None and cache_dtype != dtype:
+        name += "+" + str(cache_dtype).removeprefix("torch.")
+    return name
 
 
 @functools.lru_cache(maxsize=16)
@@ -163,10 +169,11 @@ def reload() -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def lookup(device_index: int | None, dtype: torch.dtype, head_dim_pad: int, regime: str) -> dict | None:
-    """The tuned config for this device and problem class: the user's, else the shipped one, else None."""
+def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str) -> dict | None:
+    """The tuned config for this device and problem class (``dtype`` as ``dtype_name`` gives it): the user's,
+    else the shipped one, else None."""
     gpu, cap = device_identity(device_index)
-    key = entry_key(gpu, cap, triton_version(), dtype_name(dtype), head_dim_pad, regime)
+    key = entry_key(gpu, cap, triton_version(), dtype, head_dim_pad, regime)
     user, shipped = _tables()
     cfg = user.get(key) or shipped.get(key)
     return dict(cfg) if cfg else None

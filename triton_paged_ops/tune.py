@@ -34,9 +34,13 @@ class Group:
     dtype: torch.dtype
     head_dim: int
     regime: str
+    cache_dtype: torch.dtype | None = None
+
+    def key(self) -> str:
+        return configs.dtype_name(self.dtype, self.cache_dtype)
 
     def label(self) -> str:
-        return f"{configs.dtype_name(self.dtype)} D{self.head_dim} {self.regime}"
+        return f"{self.key()} D{self.head_dim} {self.regime}"
 
 
 def candidates(regime: str, interpret: bool, quick: bool) -> list[dict]:
@@ -62,10 +66,11 @@ def candidates(regime: str, interpret: bool, quick: bool) -> list[dict]:
 
 
 def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
-               dtype: torch.dtype, interpret: bool, quick: bool) -> list[Case]:  # fmt: skip
+               dtype: torch.dtype, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None,
+               ) -> list[Case]:  # fmt: skip
     """Representative problems of a regime (decode batches small and large, short and long contexts)."""
     common = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
-              "page_size": page_size, "dtype": dtype}  # fmt: skip
+              "page_size": page_size, "dtype": dtype, "cache_dtype": cache_dtype}  # fmt: skip
     q_len = {"decode": 1, "short": 4, "prefill": 256}[regime]
     if interpret:
         lens = [[40, 7], [65]] if regime != "prefill" else [[160]]
@@ -131,6 +136,7 @@ def tune(
     head_dims: list[int],
     regimes: list[str],
     *,
+    cache_dtype: torch.dtype | None = None,
     num_q_heads: int = 32,
     num_kv_heads: int = 8,
     page_size: int = 16,
@@ -150,11 +156,12 @@ def tune(
     done = {} if fresh else _done_groups(out)
     plan = []
     for dtype, head_dim, regime in itertools.product(dtypes, head_dims, regimes):
-        group = Group(dtype, head_dim, regime)
+        group = Group(dtype, head_dim, regime, cache_dtype)
         cands = candidates(regime, interpret, quick)
-        cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick)
+        cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
+                           cache_dtype)  # fmt: skip
         fp = _fingerprint(cands, cases)
-        key = (gpu, cap, tv, configs.dtype_name(dtype), _padded(head_dim), regime)
+        key = (gpu, cap, tv, group.key(), _padded(head_dim), regime)
         plan.append((group, cands, cases, fp, done.get(key) == fp))
     progress = _Progress(sum(len(c) for _, c, _, _, skip in plan if not skip) or 1, stream)
     records = []
@@ -177,8 +184,8 @@ def tune(
             continue
         extra = {"fingerprint": fp, "measured_us": round(totals[winner], 3),
                  "shapes": [f"{len(c.kv_lens)}x{max(c.kv_lens)} q{c.q_len}" for c in cases]}  # fmt: skip
-        configs.write_entry(out, gpu, cap, configs.dtype_name(group.dtype), _padded(group.head_dim), group.regime,
-                            cands[winner], extra)  # fmt: skip
+        configs.write_entry(out, gpu, cap, group.key(), _padded(group.head_dim), group.regime, cands[winner],
+                            extra)  # fmt: skip
         stream.write(f"{group.label()}: {cands[winner]} ({totals[winner]:.1f} µs over {len(cases)} shapes)\n")
         records.append({"group": group.label(), "winner": cands[winner], "total_us": totals[winner]})
     configs.reload()
@@ -195,7 +202,7 @@ def _measure(cand: dict, inputs: list, timer: Timer) -> float:
     with attention_config_override(**cand):
         for inp in inputs:
             try:
-                total += timer(lambda i=inp: api.paged_attention_out(*i.args, out=i.out), cand)
+                total += timer(lambda i=inp: api.paged_attention_out(*i.args, **i.kwargs, out=i.out), cand)
             except Exception as exc:  # a config that does not compile (e.g. out of shared memory) just loses
                 if "OutOfResources" not in type(exc).__name__ and "out of resource" not in str(exc):
                     raise

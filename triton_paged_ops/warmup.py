@@ -50,6 +50,7 @@ class ServingSettings:
     head_dim_v: int | None = None
     page_size: int = 16
     dtype: torch.dtype = torch.bfloat16
+    cache_dtype: torch.dtype | None = None  # the K/V caches' dtype when it is not ``dtype`` (e.g. fp8)
     max_batch: int = 256
     max_context: int = 32768
     max_query: int = 8192
@@ -71,7 +72,8 @@ def reachable_variants(
     max_batch, max_context, max_query, num_kv_heads = st.max_batch, st.max_context, st.max_query, st.num_kv_heads
     fixed = dict(
         num_q_heads=st.num_q_heads, num_kv_heads=num_kv_heads, head_dim=st.head_dim,
-        head_dim_v=st.head_dim_v or st.head_dim, page_size=st.page_size, dtype=st.dtype, causal=st.causal,
+        head_dim_v=st.head_dim_v or st.head_dim, page_size=st.page_size, dtype=st.dtype,
+        cache_dtype=st.cache_dtype or st.dtype, causal=st.causal,
         window_left=st.window_left, softcap=st.softcap, has_alibi=st.alibi, has_sinks=st.sinks,
         has_k_scale=st.kv_scale, has_v_scale=st.kv_scale, has_rows=st.block_table_rows, want_lse=st.lse,
         device_index=device_index, interpret=interpret,
@@ -129,8 +131,8 @@ def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> Wa
     start = time.perf_counter()
     found = reachable_variants(st, device_index, interpret)
     # A tiny cache: the calls only need to compile and run, so every sequence is its own queries and nothing more.
-    k_cache = torch.randn(2, page_size, num_kv_heads, head_dim, device=device).to(dtype)
-    v_cache = torch.randn(2, page_size, num_kv_heads, dv, device=device).to(dtype)
+    k_cache = torch.randn(2, page_size, num_kv_heads, head_dim, device=device).to(st.cache_dtype or dtype)
+    v_cache = torch.randn(2, page_size, num_kv_heads, dv, device=device).to(st.cache_dtype or dtype)
     extra: dict = {"causal": st.causal, "window_left": st.window_left, "softcap": st.softcap}
     if st.alibi:
         extra["alibi_slopes"] = torch.rand(num_q_heads, device=device)

@@ -175,6 +175,7 @@ def select_attention_config(
     max_seqlen_q: int,
     interpret: bool,
     device_index: int | None = None,
+    cache_dtype: torch.dtype | None = None,
 ) -> dict[str, int]:
     """Tile sizes, launch options and split policy for one call: the single place that chooses them.
 
@@ -196,7 +197,7 @@ def select_attention_config(
             block_m, block_n = max(64 if head_dim_pad > 128 else 128, group_pad), 32 if head_dim_pad > 128 else 64
         num_warps = 4 if block_m <= 64 else 8
         cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
-    tuned = configs.lookup(None if interpret else device_index, dtype, head_dim_pad,
+    tuned = configs.lookup(None if interpret else device_index, configs.dtype_name(dtype, cache_dtype), head_dim_pad,
                            configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN))  # fmt: skip
     if tuned:
         cfg.update(tuned)
@@ -407,12 +408,13 @@ class LaunchPlan:
     block_q: int
     one_block: bool
     constexprs: dict
+    cache_dtype: torch.dtype
 
     def variant(self) -> tuple:
         """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
         reduce = (self.split.num_splits > 1, triton.next_power_of_2(self.split.num_splits))
         opts = (self.config["num_warps"], self.config["num_stages"])
-        return (tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), opts, reduce)
+        return (tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), opts, reduce, str(self.cache_dtype))
 
 
 def attention_launch_plan(
@@ -423,6 +425,7 @@ def attention_launch_plan(
     head_dim_v: int,
     page_size: int,
     dtype: torch.dtype,
+    cache_dtype: torch.dtype,
     num_seqs: int,
     max_seqlen_q: int,
     max_seqlen_k: int,
@@ -441,9 +444,9 @@ def attention_launch_plan(
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
     warm-up to enumerate the variants a serving configuration can reach."""
     return _cached_launch_plan(
-        tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, num_seqs,
-        max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
-        has_rows, want_lse, device_index, interpret,
+        tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
+        cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
+        has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret,
     )  # fmt: skip
 
 
@@ -451,13 +454,13 @@ def attention_launch_plan(
 # The active override is part of the key; configs.reload() (new tables) clears it.
 @functools.lru_cache(maxsize=4096)
 def _cached_launch_plan(
-    override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, num_seqs, max_seqlen_q,
-    max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale, has_rows, want_lse,
-    device_index, interpret,
+    override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, cache_dtype, num_seqs,
+    max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
+    has_rows, want_lse, device_index, interpret,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index)
+    cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype)
     block_q = max(1, cfg["BLOCK_M"] // group)
     if "num_splits" in cfg:
         split = forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
@@ -478,7 +481,7 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
     )  # fmt: skip
-    return LaunchPlan(cfg, split, block_q, one_block, constexprs)
+    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype)
 
 
 def _launch_paged_attention(
@@ -515,7 +518,7 @@ def _launch_paged_attention(
         return
     lp = _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
-        num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, alibi_slopes is not None,
+        k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, alibi_slopes is not None,
         sinks is not None, k_scale is not None, v_scale is not None, block_table_rows is not None, lse is not None,
         None if interpret else q.device.index, interpret,
     )  # fmt: skip
