@@ -52,7 +52,11 @@ class TpaAttnBackend(AttentionBackend):
         self.forward_metadata: TpaMetadata | None = None
         self._graph_metadata: dict[int, TpaMetadata] = {}
         if torch.device(self.device).type == "cuda" and os.environ.get("TPA_WARMUP", "1") != "0":
-            self._warmup(model_runner)
+            try:
+                self._warmup(model_runner)
+            except Exception as exc:  # serving still works without it: kernels then compile on first use
+                logger.warning("tpa warm-up failed (%s: %s); kernels will compile on first use",
+                               type(exc).__name__, exc)  # fmt: skip
 
     def _warmup(self, model_runner) -> None:
         """Compile the kernels serving will use now, not in the middle of serving (``TPA_WARMUP=0`` skips it).
@@ -66,7 +70,9 @@ class TpaAttnBackend(AttentionBackend):
         tp = getattr(model_runner, "tp_size", 1) or 1
         max_batch = getattr(model_runner, "max_running_requests", None) or self.req_to_token.shape[0]
         server_args = getattr(model_runner, "server_args", None)
-        chunk = getattr(server_args, "chunked_prefill_size", None) or self.max_context_len
+        chunk = getattr(server_args, "chunked_prefill_size", None)
+        if not chunk or chunk <= 0:  # chunked prefill off (-1): a prompt may be as long as the context
+            chunk = self.max_context_len
         settings = ServingSettings(
             num_q_heads=cfg.get_num_attention_heads(tp), num_kv_heads=cfg.get_num_kv_heads(tp),
             head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
