@@ -10,11 +10,13 @@ from triton_paged_ops.api import (
     paged_attention_with_lse,
     reshape_and_cache,
 )
+from triton_paged_ops.cascade import cascade_attention
 from triton_paged_ops.checks import debug_mode, set_debug_mode
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "cascade_attention",
     "debug_mode",
     "merge_attn_states",
     "paged_attention",
