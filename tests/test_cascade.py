@@ -80,3 +80,25 @@ def test_prefix_pages_must_cover_the_prefix():
     with pytest.raises(ValueError, match="prefix_pages"):
         tpa.cascade_attention(q, cache, cache, torch.tensor([0], dtype=torch.int32, device=DEVICE), 17, table, cu,
                               lens, 1, 1, 0.125)  # fmt: skip
+
+
+def test_cascade_compiles_without_graph_breaks():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    cache = torch.randn(12, 16, 2, 64, generator=gen, device=DEVICE)
+    vcache = torch.randn(12, 16, 2, 64, generator=gen, device=DEVICE)
+    shared = torch.tensor([3, 7, 1], dtype=torch.int32, device=DEVICE)
+    own = torch.tensor([[0, 2], [5, 9]], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(5, 8, 64, generator=gen, device=DEVICE)
+    cu = torch.tensor([0, 1, 5], dtype=torch.int32, device=DEVICE)
+    lens = torch.tensor([20, 30], dtype=torch.int32, device=DEVICE)
+
+    def step(q, own, cu, lens):
+        return tpa.cascade_attention(q, cache, vcache, shared, 48, own, cu, lens, 4, 32, 0.125)
+
+    compiled = torch.compile(step, fullgraph=True)
+    torch.testing.assert_close(compiled(q, own, cu, lens), step(q, own, cu, lens), rtol=1e-5, atol=1e-5)
+    assert sum(counters["graph_break"].values()) == 0
