@@ -68,6 +68,11 @@ def device_identity(device_index: int | None) -> tuple[str, str]:
     return torch.cuda.get_device_name(device_index), f"{major}.{minor}"
 
 
+def padded_head_dim(head_dim: int) -> int:
+    """Head dim as the kernels tile it (next power of two, at least 16): also the tables' ``head_dim`` key."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def regime_of(max_seqlen_q: int, short_limit: int) -> str:
     if max_seqlen_q <= 1:
         return "decode"

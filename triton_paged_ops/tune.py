@@ -161,7 +161,7 @@ def tune(
         cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
                            cache_dtype)  # fmt: skip
         fp = _fingerprint(cands, cases)
-        key = (gpu, cap, tv, group.key(), _padded(head_dim), regime)
+        key = (gpu, cap, tv, group.key(), configs.padded_head_dim(head_dim), regime)
         plan.append((group, cands, cases, fp, done.get(key) == fp))
     progress = _Progress(sum(len(c) for _, c, _, _, skip in plan if not skip) or 1, stream)
     records = []
@@ -184,17 +184,13 @@ def tune(
             continue
         extra = {"fingerprint": fp, "measured_us": round(totals[winner], 3),
                  "shapes": [f"{len(c.kv_lens)}x{max(c.kv_lens)} q{c.q_len}" for c in cases]}  # fmt: skip
-        configs.write_entry(out, gpu, cap, group.key(), _padded(group.head_dim), group.regime, cands[winner],
-                            extra)  # fmt: skip
+        configs.write_entry(out, gpu, cap, group.key(), configs.padded_head_dim(group.head_dim), group.regime,
+                            cands[winner], extra)  # fmt: skip
         stream.write(f"{group.label()}: {cands[winner]} ({totals[winner]:.1f} µs over {len(cases)} shapes)\n")
         records.append({"group": group.label(), "winner": cands[winner], "total_us": totals[winner]})
     configs.reload()
     stream.write(f"configs written to {out}\n")
     return records
-
-
-def _padded(head_dim: int) -> int:
-    return max(16, 1 << (head_dim - 1).bit_length())
 
 
 def _measure(cand: dict, inputs: list, timer: Timer) -> float:

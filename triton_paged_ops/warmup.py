@@ -21,8 +21,8 @@ import torch
 import triton
 
 from triton_paged_ops import api, configs
-from triton_paged_ops.kernels.attention import attention_launch_plan
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, forced_split_plan, num_sms_of, plan_splits
+from triton_paged_ops.kernels.attention import attention_launch_plan, split_plan_for
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of, plan_splits
 
 _DEFAULT_PROGRAMS_PER_SM = inspect.signature(plan_splits).parameters["programs_per_sm"].default
 _CONTEXT_STEP = 64  # context bounds are enumerated at this granularity (split plans change at tile multiples)
@@ -86,7 +86,6 @@ def reachable_variants(
         queries |= {b for b in (block_q, block_q + 1) if b <= max_query}
     queries.add(max_query)
     contexts = sorted({*range(_CONTEXT_STEP, max_context + 1, _CONTEXT_STEP), max_context})
-    num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
     found: dict[tuple, tuple[int, int, int]] = {}
     buckets_of: dict[tuple, dict[tuple, tuple[int, int]]] = {}
     for q in sorted(queries):
@@ -104,12 +103,12 @@ def reachable_variants(
             buckets: dict[tuple, tuple[int, int]] = {}
             # Past this batch size the GPU is full without splitting, and the plan depends on the context only.
             pps = dict(policy).get("programs_per_sm", _DEFAULT_PROGRAMS_PER_SM)
+            num_sms = num_sms_of(
+                torch.device("cuda", device_index) if device_index is not None else torch.device("cpu")
+            )
             for b in range(1, min(max_batch, -(-num_sms * pps // num_kv_heads) + 1) + 1):
                 for k in contexts:
-                    if cfg.get("num_splits"):
-                        n = forced_split_plan(cfg["num_splits"], k, cfg["BLOCK_N"]).num_splits
-                    else:
-                        n = plan_splits(b, num_kv_heads, q, k, cfg["BLOCK_N"], num_sms, **dict(policy)).num_splits
+                    n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index).num_splits
                     buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
             buckets_of[key] = buckets
         for b, k in buckets_of[key].values():

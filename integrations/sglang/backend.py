@@ -16,9 +16,9 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 import triton_paged_ops  # noqa: F401  (registers torch.ops.tpa)
+from triton_paged_ops.checks import FLOAT_DTYPES
 
 logger = logging.getLogger(__name__)
-_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Speculative decoding (target verify, draft extend) and diffusion modes need masks/metadata this backend lacks.
 _EAGER_MODES = ("EXTEND", "MIXED", "DECODE", "IDLE")
 
@@ -153,7 +153,7 @@ class TpaAttnBackend(AttentionBackend):
         md = self.forward_metadata
         k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        if k_buf.dtype not in _CACHE_DTYPES:
+        if k_buf.dtype not in FLOAT_DTYPES:
             raise NotImplementedError(f"tpa backend: KV cache dtype {k_buf.dtype} is not supported yet")
         if layer.logit_cap and layer.logit_cap > 0 and getattr(layer, "logit_capping_method", "tanh") != "tanh":
             raise NotImplementedError(f"tpa backend: logit capping {layer.logit_capping_method!r} is not supported")

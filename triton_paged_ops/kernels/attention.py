@@ -399,6 +399,17 @@ def _paged_attention_kernel(
         tl.store(lse_ptr + lse_off, lse, mask=row_valid)
 
 
+def split_plan_for(
+    cfg: dict, num_seqs: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, device_index: int | None
+) -> SplitPlan:
+    """The split-KV plan under a launch config: its forced split count, else the planner with its split policy."""
+    if "num_splits" in cfg:
+        return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
+    policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
+    num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+
+
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     """Everything about one attention launch that is decided on the host from shapes, bounds and flags."""
@@ -459,20 +470,15 @@ def _cached_launch_plan(
     has_rows, want_lse, device_index, interpret,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
-    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    head_dim_pad = configs.padded_head_dim(head_dim)
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype)
     block_q = max(1, cfg["BLOCK_M"] // group)
-    if "num_splits" in cfg:
-        split = forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
-    else:
-        policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
-        num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
-        split = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+    split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index)
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
     one_block = max_seqlen_q <= block_q
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
-        HEAD_DIM_V_PAD=max(16, triton.next_power_of_2(head_dim_v)), PAGE_SIZE=page_size,
+        HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
