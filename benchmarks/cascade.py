@@ -14,6 +14,7 @@ import torch
 
 import triton_paged_ops as tpa
 from triton_paged_ops.bench import finish, hbm_ceilings, time_graph
+from triton_paged_ops.cascade import own_level, prefix_level
 
 
 def run(requests: int, prefix: int, own: int, page_size: int = 16, seed: int = 0) -> dict:
@@ -41,6 +42,14 @@ def run(requests: int, prefix: int, own: int, page_size: int = 16, seed: int = 0
     want, got = plain().float(), cascade().float()
     rel = float((got - want).norm() / want.norm())
     plain_us, cascade_us = time_graph(plain), time_graph(cascade)
+    # Its parts alone: where the time goes.
+    own_out, own_lse = own_level(q, k_cache, v_cache, mine, cu, own_lens, 1, own, scale)
+    pre_out, pre_lse = prefix_level(q, k_cache, v_cache, shared, prefix, scale)
+    parts = {
+        "own_level_us": time_graph(lambda: own_level(q, k_cache, v_cache, mine, cu, own_lens, 1, own, scale)),
+        "prefix_level_us": time_graph(lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale)),
+        "merge_us": time_graph(lambda: tpa.merge_attn_states(pre_out, pre_lse, own_out, own_lse)),
+    }
     ceil = hbm_ceilings()
     kv_plain = 2 * requests * (prefix + own) * hkv * d * 2
     return {
@@ -59,6 +68,7 @@ def run(requests: int, prefix: int, own: int, page_size: int = 16, seed: int = 0
         "plain_us": plain_us,
         "cascade_us": cascade_us,
         "speedup": plain_us / cascade_us,
+        "parts": parts,
         "plain_kv_tbps": kv_plain / plain_us / 1e6,
         "rel_err_cascade_vs_plain": rel,
     }
@@ -77,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     r = run(args.requests, args.prefix, args.own)
     text = (f"{r['gpu']}: {args.requests} requests, shared prefix {args.prefix}, own {args.own}: plain "
             f"{r['plain_us']:.1f} µs ({r['plain_kv_tbps']:.2f} TB/s KV), cascade {r['cascade_us']:.1f} µs, "
-            f"speedup {r['speedup']:.2f}x, rel. diff {r['rel_err_cascade_vs_plain']:.1e}")  # fmt: skip
+            f"speedup {r['speedup']:.2f}x, rel. diff {r['rel_err_cascade_vs_plain']:.1e}; parts alone (µs): "
+            + ", ".join(f"{k[:-3]} {v:.1f}" for k, v in r["parts"].items()))  # fmt: skip
     finish(r, text, args.out, "benchmarks.cascade", argv)
     return 0
 

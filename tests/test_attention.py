@@ -90,6 +90,15 @@ def test_matches_reference(spec):
     assert out[n:].isnan().all() and lse[n:].isnan().all()
 
 
+@settings(max_examples=max(8, settings.default.max_examples // 3))
+@given(spec=specs(dtypes=(torch.bfloat16,), max_work=MAX_WORK))
+def test_bf16_query_on_fp8_cache(spec):
+    """A bf16 query on an fp8 cache takes the fp16 product path (scale folded into q): no bf16 product is left, so
+    the interpreter checks it too."""
+    spec.fp8_cache = True
+    test_matches_reference.hypothesis.inner_test(spec)
+
+
 # Three kernel calls per example: half the profile's examples keep the CPU run within its budget.
 @settings(max_examples=max(10, settings.default.max_examples // 2))
 @given(spec=specs(dtypes=DTYPES, max_work=MAX_WORK and MAX_WORK // 3), cut=st.integers(0, 8))

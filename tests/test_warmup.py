@@ -23,9 +23,10 @@ FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_s
                 has_v_scale=False, has_rows=False, want_lse=False)  # fmt: skip
 
 
-def test_enumerated_variants_cover_random_serving_batches():
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
+def test_enumerated_variants_cover_random_serving_batches(invariant):
     dev = None if INTERPRET else torch.cuda.current_device()
-    found = reachable_variants(ServingSettings(**SETTINGS, **LIMITS), dev, INTERPRET)
+    found = reachable_variants(ServingSettings(**SETTINGS, **LIMITS, batch_invariant=invariant), dev, INTERPRET)
     rng = random.Random(0)
     for _ in range(3000):
         batch = rng.randint(1, LIMITS["max_batch"])
@@ -34,7 +35,7 @@ def test_enumerated_variants_cover_random_serving_batches():
         k = rng.randint(q, LIMITS["max_context"])
         lp = attention_launch_plan(**SETTINGS, cache_dtype=SETTINGS["dtype"], num_seqs=batch, max_seqlen_q=q,
                                    max_seqlen_k=k, head_dim_v=64, device_index=dev, interpret=INTERPRET,
-                                   **FEATURES)  # fmt: skip
+                                   **FEATURES, batch_invariant=invariant)  # fmt: skip
         assert lp.variant() in found, (batch, q, k)
 
 
@@ -55,10 +56,11 @@ def test_warmup_runs_each_variant_and_reports(capsys):
 
 
 @pytest.mark.gpu
-def test_serving_loop_after_warmup_compiles_nothing():
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
+def test_serving_loop_after_warmup_compiles_nothing(invariant):
     settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
     limits = dict(max_batch=48, max_context=8192, max_query=512)
-    report = warmup(ServingSettings(**settings, **limits))
+    report = warmup(ServingSettings(**settings, **limits, batch_invariant=invariant))
     before = compiled_kernel_count()
     assert before is not None and before >= report.variants
     rng = random.Random(1)
@@ -80,6 +82,6 @@ def test_serving_loop_after_warmup_compiles_nothing():
         kv = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
         tpa.reshape_and_cache(kv, kv, k_cache, v_cache, slots)
         tpa.paged_attention(q, k_cache, v_cache, table, cu, torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
-                            max(q_lens), max(kv_lens), 128**-0.5)  # fmt: skip
+                            max(q_lens), max(kv_lens), 128**-0.5, batch_invariant=invariant)  # fmt: skip
     torch.cuda.synchronize()
     assert compiled_kernel_count() == before

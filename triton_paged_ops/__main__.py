@@ -88,7 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     wu.add_argument("--softcap", type=float, default=0.0, help="logit soft cap, 0 for none")
     wu.add_argument("--non-causal", action="store_true", help="serving calls the ops with causal=False")
     for flag, what in (("alibi", "ALiBi slopes"), ("sinks", "attention sinks"), ("kv-scale", "k/v cache scales"),
-                       ("lse", "the LSE output"), ("block-table-rows", "block_table_rows")):  # fmt: skip
+                       ("lse", "the LSE output"), ("block-table-rows", "block_table_rows"),
+                       ("batch-invariant", "batch_invariant=True (deterministic mode)")):  # fmt: skip
         wu.add_argument(f"--{flag}", action="store_true", help=f"serving passes {what}")
     return p
 
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.max_batch, max_context=args.max_context, max_query=args.max_query,
             causal=not args.non_causal, window_left=args.window, softcap=args.softcap, alibi=args.alibi,
             sinks=args.sinks, kv_scale=args.kv_scale, block_table_rows=args.block_table_rows, lse=args.lse,
+            batch_invariant=args.batch_invariant,
         )  # fmt: skip
         report = warmup(settings, device)
         print(f"warm-up: {report.variants} attention variants ({report.calls} op calls) in {report.seconds:.1f} s")

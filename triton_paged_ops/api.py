@@ -16,6 +16,8 @@ _ATTENTION_PARAMS = """
         Paged key cache ("NHD"); any ``page_size >= 1``. May be a strided view (e.g. of a combined K/V buffer);
         only the last dim must be contiguous. The new tokens' keys must already be written (``reshape_and_cache``).
         Its dtype may differ from ``q``'s: an fp8 cache (``float8_e4m3fnuz`` on ROCm) is read with ``k_scale``.
+        With a bfloat16 ``q`` and an fp8 cache the products run in float16 (fp8 widens to it natively), with
+        ``scale * k_scale`` folded into ``q`` first: ``|q| * scale * k_scale`` must stay below 45000.
     v_cache : Tensor [num_pages, page_size, Hkv, Dv]
         Paged value cache, same dtype and page layout as ``k_cache``; ``Dv`` may differ from ``D``.
     block_table : Tensor [B, max_pages] (or [R, max_pages] with ``block_table_rows``), int32
@@ -50,6 +52,14 @@ _ATTENTION_PARAMS = """
         Row of ``block_table`` that holds sequence ``b``'s pages, so a request pool's table (e.g. SGLang's
         ``req_to_token`` with ``req_pool_indices``) is used in place instead of gathered per step. A row outside
         ``[0, R)`` gives that sequence no keys.
+    batch_invariant : bool, default False
+        Deterministic mode: each output row is bitwise the same whatever else is in the batch, the batch order,
+        padding, the bounds ``max_seqlen_q``/``max_seqlen_k``, and whether its token is computed in a prefill
+        chunk or as a decode step (same cache contents, same flags). Keys are cut into fixed segments from key 0
+        (1024 keys by default, ``invariant_segment`` in the config tables), each reduced on its own and folded in
+        order; decode still splits segments across programs. The Triton kernels guarantee it (GPU, interpreter);
+        the plain-PyTorch fallback for CPU tensors attends each sequence alone (batch-mate and order invariant,
+        not bitwise between prefill and decode).
 """
 
 
@@ -72,11 +82,12 @@ def paged_attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     return torch.ops.tpa.paged_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows,
+        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, batch_invariant=batch_invariant,
     )  # fmt: skip
 
 
@@ -119,11 +130,12 @@ def paged_attention_with_lse(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.tpa.paged_attention_with_lse(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows,
+        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, batch_invariant=batch_invariant,
     )  # fmt: skip
 
 
@@ -157,13 +169,15 @@ def paged_attention_out(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
+    batch_invariant: bool = False,
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
     torch.ops.tpa.paged_attention_out(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, out=out, lse=lse,
+        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, batch_invariant=batch_invariant,
+        out=out, lse=lse,
     )  # fmt: skip
 
 

@@ -122,11 +122,11 @@ def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
     return Inputs(pb.args, out, kv_bytes, flops, kwargs)
 
 
-def check_case(inp: Inputs, max_seqs: int = 4) -> float:
+def check_case(inp: Inputs, max_seqs: int = 4, batch_invariant: bool = False) -> float:
     """Relative L2 error of the kernel against the reference on up to ``max_seqs`` sequences (poisoned output)."""
     q, k_cache, v_cache, block_table, cu, seq_lens, mq, mk, scale = inp.args
     inp.out.fill_(float("nan"))
-    api.paged_attention_out(*inp.args, **inp.kwargs, out=inp.out)
+    api.paged_attention_out(*inp.args, **inp.kwargs, batch_invariant=batch_invariant, out=inp.out)
     n_tok = int(cu[max_seqs]) if len(seq_lens) > max_seqs else q.shape[0]
     sub = slice(0, min(max_seqs, len(seq_lens)))
     ref = reference.paged_attention(q[:n_tok], k_cache, v_cache, block_table[sub], cu[: sub.stop + 1],
@@ -188,8 +188,11 @@ def _git_sha() -> str:
         return "unknown"
 
 
-def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True) -> dict:
-    """Run ``cases``; returns a JSON-ready dict with environment, ceilings and one record per (case, provider)."""
+def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_invariant: bool = False) -> dict:
+    """Run ``cases``; returns a JSON-ready dict with environment, ceilings and one record per (case, provider).
+
+    ``with_invariant`` adds the batch-invariant mode of the kernel on the same inputs ("tpa_invariant").
+    """
     import triton
 
     ceil = hbm_ceilings()
@@ -212,6 +215,14 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True) -> dict:
         tbps = inp.kv_bytes / us / 1e6
         records.append({**base, "provider": "tpa", "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
                         "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip
+        if with_invariant:
+            err = check_case(inp, batch_invariant=True)
+            us = time_graph(lambda inp=inp: api.paged_attention_out(*inp.args, **inp.kwargs, batch_invariant=True,
+                                                                    out=inp.out))  # fmt: skip
+            tbps = inp.kv_bytes / us / 1e6
+            records.append({**base, "provider": "tpa_invariant", "us": us, "kv_tbps": tbps,
+                            "tflops": inp.flops / us / 1e6, "frac_of_hbm_read": tbps / ceil["read_tbps"],
+                            "rel_err": err})  # fmt: skip
         del inp
         if with_sdpa:
             s_us = sdpa_dense_us(case, seed + i)
@@ -239,11 +250,11 @@ def format_records(result: dict) -> str:
         f"{result['gpu']}  torch {result['torch']}  triton {result['triton']}  "
         f"HBM read {ceil['read_tbps']:.2f} TB/s, copy {ceil['copy_tbps']:.2f} TB/s; "
         f"eager decode call {result['eager_host_overhead_us']:.1f} µs",
-        f"{'case':<20} {'provider':<11} {'µs':>9} {'KV TB/s':>8} {'TFLOP/s':>8} {'of HBM':>7} {'rel err':>9}",
+        f"{'case':<20} {'provider':<13} {'µs':>9} {'KV TB/s':>8} {'TFLOP/s':>8} {'of HBM':>7} {'rel err':>9}",
     ]
     for r in result["records"]:
         err = f"{r['rel_err']:.1e}" if "rel_err" in r else ""
-        lines.append(f"{r['case']:<20} {r['provider']:<11} {r['us']:>9.1f} {r['kv_tbps']:>8.2f} "
+        lines.append(f"{r['case']:<20} {r['provider']:<13} {r['us']:>9.1f} {r['kv_tbps']:>8.2f} "
                      f"{r['tflops']:>8.1f} {r['frac_of_hbm_read']:>7.2f} {err:>9}")  # fmt: skip
     return "\n".join(lines)
 
@@ -292,7 +303,7 @@ def plot_records(result: dict, path: str) -> None:
 
 def run_decode_benchmark(
     out: str | None, png: str | None, only: list[str] | None, with_sdpa: bool, config: dict[str, int], seed: int,
-    prog: str, argv: list[str] | None,
+    prog: str, argv: list[str] | None, with_invariant: bool = False,
 ) -> int:  # fmt: skip
     """The decode suite as a command: table on stdout, JSON to ``out``, chart to ``png`` (each if given)."""
     import sys
@@ -309,7 +320,7 @@ def run_decode_benchmark(
             print(f"no case matches {only}; cases: {[c.name for c in decode_cases()]}", file=sys.stderr)
             return 2
     with attention_config_override(**config):
-        result = run_suite(cases, seed=seed, with_sdpa=with_sdpa)
+        result = run_suite(cases, seed=seed, with_sdpa=with_sdpa, with_invariant=with_invariant)
     result["config"] = config
     finish(result, format_records(result), out, prog, argv)
     if png:
@@ -329,6 +340,8 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> 
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="run only the cases whose name contains one of these (e.g. B32x4k ragged)")  # fmt: skip
     p.add_argument("--no-sdpa", action="store_true", help="skip the same-run dense SDPA comparison")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="also time batch-invariant mode on the same inputs (provider tpa_invariant)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--config", default=None, metavar="K=V,...",
                    help="force launch options for every case, e.g. BLOCK_N=64,num_warps=4,num_stages=3,num_splits=8 "
@@ -344,4 +357,5 @@ def bench_command(args, prog: str, argv: list[str] | None) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    return run_decode_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv)
+    return run_decode_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv,
+                                args.batch_invariant)  # fmt: skip

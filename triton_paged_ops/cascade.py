@@ -67,26 +67,40 @@ def cascade_attention(
         Equal, up to rounding, to ``paged_attention`` over each request's full key list (prefix + own keys). Rows of
         ``q`` past ``cu_seqlens_q[B]`` (padding) hold unspecified values.
     """
-    own_out, own_lse = torch.ops.tpa.paged_attention_with_lse(
+    own_out, own_lse = own_level(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
+                                 scale, softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    if prefix_len <= 0 or q.shape[0] == 0:
+        return own_out
+    prefix_out, prefix_lse = prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, softcap=softcap,
+                                          k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+    out, _ = torch.ops.tpa.merge_attn_states(prefix_out, prefix_lse, own_out, own_lse)
+    return out
+
+
+def own_level(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, *,
+              softcap=0.0, sinks=None, k_scale=None, v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Level 2 of ``cascade_attention``: each request's own keys (causal, the sinks counted here); (out, lse)."""
+    return torch.ops.tpa.paged_attention_with_lse(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         True, -1, softcap, None, sinks, k_scale, v_scale,
     )  # fmt: skip
-    num_tokens = q.shape[0]
-    if prefix_len <= 0 or num_tokens == 0:
-        return own_out
+
+
+def prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, *, softcap=0.0, k_scale=None,
+                 v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Level 1 of ``cascade_attention``: every query token over the shared prefix, in chunks; (out, lse)."""
     if prefix_pages.dim() != 1 or prefix_pages.shape[0] * k_cache.shape[1] < prefix_len:
         raise ValueError(
             f"prefix_pages must be [P] with P * page_size >= prefix_len={prefix_len}, got {tuple(prefix_pages.shape)}"
         )
+    num_tokens = q.shape[0]
     # (A chunk never has more queries than the prefix has keys, as the ops' lengths contract asks.)
     chunk = max(1, min(MAX_SPLIT_Q_LEN, prefix_len))
     chunks = -(-num_tokens // chunk)
     cu_chunks = torch.clamp(torch.arange(chunks + 1, device=q.device, dtype=torch.int32) * chunk, max=num_tokens)
-    prefix_out, prefix_lse = torch.ops.tpa.paged_attention_with_lse(
+    return torch.ops.tpa.paged_attention_with_lse(
         q, k_cache, v_cache, prefix_pages.view(1, -1), cu_chunks,
         torch.full((chunks,), prefix_len, dtype=torch.int32, device=q.device),
         min(num_tokens, chunk), prefix_len, scale, False, -1, softcap, None, None, k_scale, v_scale,
         torch.zeros(chunks, dtype=torch.int32, device=q.device),
     )  # fmt: skip
-    out, _ = torch.ops.tpa.merge_attn_states(prefix_out, prefix_lse, own_out, own_lse)
-    return out

@@ -34,7 +34,9 @@ SCHEMA = 1
 REGIMES = ("decode", "short", "prefill")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment")
-CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS
+# Keys per fixed KV segment of batch-invariant mode (a multiple of the decode KV tile).
+INVARIANT_KEYS = ("invariant_segment",)
+CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
 

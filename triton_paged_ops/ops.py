@@ -43,6 +43,7 @@ def _attention_into(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     block_table_rows: torch.Tensor | None,
+    batch_invariant: bool,
     out: torch.Tensor,
     lse: torch.Tensor | None,
 ) -> None:
@@ -55,8 +56,10 @@ def _attention_into(
         _launch_paged_attention(
             q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
             window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, INTERPRET,
+            batch_invariant,
         )  # fmt: skip
         return
+    # (The reference attends each sequence on its own, in fp32: batch-invariant already.)
     ref_out, ref_lse = reference.paged_attention_with_lse(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, causal, window_left, softcap,
         alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
@@ -74,7 +77,7 @@ _ATTENTION_ARGS = (
     "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, bool causal=True, SymInt window_left=-1, "
     "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, "
-    "Tensor? block_table_rows=None"
+    "Tensor? block_table_rows=None, bool batch_invariant=False"
 )
 _ATTENTION_OPS = {
     "paged_attention": f"({_ATTENTION_ARGS}) -> Tensor",
@@ -101,6 +104,7 @@ def _attention(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
+    batch_invariant: bool = False,
     *,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -118,7 +122,7 @@ def _attention(
         if op == "paged_attention_with_lse":
             lse = q.new_empty(q.shape[0], q.shape[1], dtype=torch.float32)
     if not fake:
-        _attention_into(*args, causal, *feats, out, lse)
+        _attention_into(*args, causal, *feats, batch_invariant, out, lse)
     if op == "paged_attention_out":
         return None
     return (out, lse) if op == "paged_attention_with_lse" else out

@@ -15,6 +15,10 @@ import functools
 import torch
 
 MAX_SPLITS = 64
+# Batch-invariant mode: keys per fixed KV segment (default), and the most segments it splits across programs; past
+# that one program folds all of a row's segments (same bits, less parallel).
+INVARIANT_SEGMENT = 1024
+MAX_INVARIANT_SPLITS = 256
 # Queries up to this long per sequence (decode, speculative verification) may use split-KV.
 MAX_SPLIT_Q_LEN = 16
 
@@ -76,3 +80,10 @@ def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> Split
         return SplitPlan(1, 0)
     segment = -(-max(1, -(-max_seqlen_k // num_splits)) // block_n) * block_n
     return SplitPlan(-(-max_seqlen_k // segment), segment)
+
+
+def invariant_split_plan(default: SplitPlan, max_seqlen_k: int, segment_len: int) -> SplitPlan:
+    """Batch-invariant mode: a row's keys always fall into segments of ``segment_len`` from key 0 (one per program
+    when ``default`` splits at all and the count stays bounded, else all in one program); only the count varies."""
+    n = -(-max_seqlen_k // segment_len)
+    return SplitPlan(n if default.num_splits > 1 and 1 < n <= MAX_INVARIANT_SPLITS else 1, segment_len)

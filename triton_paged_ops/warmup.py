@@ -62,6 +62,7 @@ class ServingSettings:
     kv_scale: bool = False
     block_table_rows: bool = False
     lse: bool = False
+    batch_invariant: bool = False
 
 
 def reachable_variants(
@@ -76,7 +77,7 @@ def reachable_variants(
         cache_dtype=st.cache_dtype or st.dtype, causal=st.causal,
         window_left=st.window_left, softcap=st.softcap, has_alibi=st.alibi, has_sinks=st.sinks,
         has_k_scale=st.kv_scale, has_v_scale=st.kv_scale, has_rows=st.block_table_rows, want_lse=st.lse,
-        device_index=device_index, interpret=interpret,
+        device_index=device_index, interpret=interpret, batch_invariant=st.batch_invariant,
     )  # fmt: skip
     # Query bounds: every short length (tiles and one-block-per-sequence change among them), then the bounds
     # around each regime's query-block size, then the largest.
@@ -108,7 +109,7 @@ def reachable_variants(
             )
             for b in range(1, min(max_batch, -(-num_sms * pps // num_kv_heads) + 1) + 1):
                 for k in contexts:
-                    n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index).num_splits
+                    n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index, st.batch_invariant).num_splits
                     buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
             buckets_of[key] = buckets
         for b, k in buckets_of[key].values():
@@ -132,7 +133,8 @@ def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> Wa
     # A tiny cache: the calls only need to compile and run, so every sequence is its own queries and nothing more.
     k_cache = torch.randn(2, page_size, num_kv_heads, head_dim, device=device).to(st.cache_dtype or dtype)
     v_cache = torch.randn(2, page_size, num_kv_heads, dv, device=device).to(st.cache_dtype or dtype)
-    extra: dict = {"causal": st.causal, "window_left": st.window_left, "softcap": st.softcap}
+    extra: dict = {"causal": st.causal, "window_left": st.window_left, "softcap": st.softcap,
+                   "batch_invariant": st.batch_invariant}  # fmt: skip
     if st.alibi:
         extra["alibi_slopes"] = torch.rand(num_q_heads, device=device)
     if st.sinks:

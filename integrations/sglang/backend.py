@@ -40,10 +40,24 @@ class TpaMetadata:
     in_graph: bool = False  # rows/seq_lens are static buffers refilled by init_forward_metadata_in_graph
 
 
+def deterministic_inference(model_runner) -> bool:
+    """SGLang's ``--enable-deterministic-inference`` as this runner sees it."""
+    try:
+        from sglang.srt.runtime_context import get_exec
+
+        return bool(get_exec().deterministic.enable_deterministic_inference)
+    except (ImportError, AttributeError, ValueError):  # config not published (e.g. a bare runner)
+        server_args = getattr(model_runner, "server_args", None)
+        return bool(getattr(server_args, "enable_deterministic_inference", False))
+
+
 class TpaAttnBackend(AttentionBackend):
     def __init__(self, model_runner):
         super().__init__()
         self.device = model_runner.device
+        # Deterministic inference: every call in batch-invariant mode (a request's outputs do not depend on what it
+        # is batched with, nor on prefill chunking).
+        self.batch_invariant = deterministic_inference(model_runner)
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         if self.req_to_token.dtype != torch.int32:
             raise NotImplementedError(f"tpa backend: req_to_token must be int32, got {self.req_to_token.dtype}")
@@ -78,6 +92,7 @@ class TpaAttnBackend(AttentionBackend):
             head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
             dtype=model_runner.dtype, max_batch=max_batch, max_context=self.max_context_len,
             max_query=max(1, min(chunk, self.max_context_len)), block_table_rows=True,
+            batch_invariant=self.batch_invariant,
         )  # fmt: skip
         report = warmup(settings, self.device)
         logger.info("tpa warm-up: %d attention variants in %.1f s", report.variants, report.seconds)
@@ -167,7 +182,7 @@ class TpaAttnBackend(AttentionBackend):
         torch.ops.tpa.paged_attention_out(
             q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
             float(layer.scaling), causal, int(window), float(layer.logit_cap or 0.0), None,
-            sinks.float() if sinks is not None else None, None, None, md.rows,
+            sinks.float() if sinks is not None else None, None, None, md.rows, self.batch_invariant,
             out=o.view(-1, num_q_heads, head_dim_v),
         )  # fmt: skip
         return o

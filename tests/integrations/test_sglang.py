@@ -119,6 +119,39 @@ def test_server_args_accept_tpa():
     assert args.attention_backend == BACKEND_NAME
 
 
+def test_deterministic_inference_accepts_tpa_and_keeps_the_radix_cache():
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", "unused", "--attention-backend", BACKEND_NAME,
+                                "--enable-deterministic-inference"])  # fmt: skip
+    assert args.enable_deterministic_inference and not args.disable_radix_cache
+
+
+DETERMINISTIC_CASES = [c for c in CASES if c.forward_mode.is_decode()][:1] + [
+    c for c in CASES if not c.forward_mode.is_decode() and max(c.prefix_lens) > 0
+][:2]
+
+
+@pytest.mark.parametrize("case", DETERMINISTIC_CASES, ids=[c.name for c in DETERMINISTIC_CASES])
+def test_dense_case_in_deterministic_mode(case, monkeypatch):
+    """With deterministic inference on, the backend calls the ops in batch-invariant mode; results still match
+    the kit's reference (the bitwise property itself is tested on the ops)."""
+    from integrations.sglang import backend as tpa_backend
+
+    calls = []
+    real = torch.ops.tpa.paged_attention_out
+
+    def spy(*args, **kwargs):
+        calls.append(args[17])  # batch_invariant, positional after block_table_rows
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tpa_backend, "deterministic_inference", lambda runner: True)
+    monkeypatch.setattr(torch.ops.tpa, "paged_attention_out", spy)
+    with torch.no_grad():
+        kit.run_dense_attention_case(_Case(), case, device=DEVICE, dtype=DTYPE)
+    assert calls and all(calls)
+
+
 def test_plugin_entry_point_registers_the_backend():
     """In a fresh process, SGLang's own plugin loader finds our entry point; its argparse then accepts tpa."""
     import subprocess

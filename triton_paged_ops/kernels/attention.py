@@ -31,8 +31,16 @@ import triton
 import triton.language as tl
 
 from triton_paged_ops import configs
-from triton_paged_ops.kernels.merge import _launch_reduce_splits
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, SplitPlan, forced_split_plan, num_sms_of, plan_splits
+from triton_paged_ops.kernels.merge import _fold_out, _fold_weights, _launch_reduce_splits
+from triton_paged_ops.plan import (
+    INVARIANT_SEGMENT,
+    MAX_SPLIT_Q_LEN,
+    SplitPlan,
+    forced_split_plan,
+    invariant_split_plan,
+    num_sms_of,
+    plan_splits,
+)
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
@@ -145,6 +153,32 @@ def _attend_tile(
     )
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _softmax_start(sinks_ptr, q_head, row_valid, first, BLOCK_M: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+                   HAS_SINKS: tl.constexpr):  # fmt: skip
+    """Empty online-softmax state (acc, running max, denominator) for a run of keys; ``first`` marks key 0's run."""
+    if HAS_SINKS:
+        # The sink is a logit with no value: start the running max at it with a denominator of exp(0) = 1.
+        # Only the run that starts at key 0 counts it, so a merge of runs sees it once.
+        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        m_i = tl.where(first, sink, float("-inf"))
+        l_i = tl.where(first, 1.0, tl.zeros([BLOCK_M], dtype=tl.float32))
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32), m_i, l_i
+
+
+@triton.jit
+def _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
+    """Output and base-2 log-sum-exp of a run of keys; a row that saw no key (and no sink) gets 0 and -inf."""
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if HAS_V_SCALE:
+        out = out * tl.load(v_scale_ptr)
+    return out, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
 
 
 _config_override: dict[str, int] = {}
@@ -277,6 +311,8 @@ def _paged_attention_kernel(
     HAS_BT_ROWS: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     SPLIT_KV: tl.constexpr,
+    FOLD_SEGMENTS: tl.constexpr,
+    FP8_VIA_FP16: tl.constexpr,
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -339,20 +375,14 @@ def _paged_attention_kernel(
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if not (HAS_SOFTCAP or HAS_ALIBI):
         qk_scale = qk_scale * LOG2E
+    if FP8_VIA_FP16:
+        # fp8 -> fp16 is one native conversion per two values, fp8 -> bf16 several: a bf16 query meets an fp8
+        # cache in fp16 (P too), with the score scale folded into q first so that it fits fp16's range.
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
     alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
         alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0)
-
-    if HAS_SINKS:
-        # The sink is a logit with no value: start the running max at it with a denominator of exp(0) = 1.
-        # Under split-KV only segment 0 counts it, so the merge sees it once.
-        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
-        m_i = tl.where(split == 0, sink, float("-inf"))
-        l_i = tl.where(split == 0, 1.0, tl.zeros([BLOCK_M], dtype=tl.float32))
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
 
     # Key range this block can see: causal stops at the last row's position, a window starts at the first's.
     last_tok = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
@@ -369,21 +399,42 @@ def _paged_attention_kernel(
         kv_hi = tl.minimum(kv_hi, (split + 1) * segment_len)
 
     bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
-    for start_n in range(kv_lo, kv_hi, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
-            q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
-            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-        )  # fmt: skip
+    if FOLD_SEGMENTS:
+        # Batch-invariant mode in one program: fixed segments of segment_len keys, each its own online softmax,
+        # folded in order: the arithmetic of split programs + the sequential reduce, so a row's bits do not depend
+        # on whether (or how) its keys were split, nor on the other rows of its tile.
+        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+        lse2 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        # Segment 0 holds the sink even when a window skips its keys.
+        first_seg = 0 if HAS_SINKS else (kv_lo // segment_len) * segment_len
+        for seg_lo in range(first_seg, kv_hi, segment_len):
+            acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
+                                           HAS_SINKS)  # fmt: skip
+            for start_n in range(tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+                    q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+                    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                    HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
+                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+                )  # fmt: skip
+            o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+            w_a, w_b, lse2 = _fold_weights(lse2, lse_seg)
+            out = _fold_out(out, o_seg, w_a[:, None], w_b[:, None])
+    else:
+        acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
+        for start_n in range(kv_lo, kv_hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+                q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+            )  # fmt: skip
+        out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
 
-    # Rows that saw no key (and no sink) have l = 0: their output is defined as 0.
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    if HAS_V_SCALE:
-        out = out * tl.load(v_scale_ptr)
-    # Partial results of a segment go to its own workspace slice; empty segments write out = 0, lse = -inf.
+    # A segment's partial result goes to its own workspace slice (base-2 lse, as the reduce wants it); empty
+    # segments write out = 0, lse = -inf.
     if SPLIT_KV:
         out_ptr += split.to(tl.int64) * stride_o_split
         lse_ptr += split.to(tl.int64) * stride_lse_split
@@ -394,20 +445,32 @@ def _paged_attention_kernel(
         mask=row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
     )
     if WRITE_LSE:
-        lse = tl.where(l_i > 0.0, (m_i + tl.log2(l_safe)) * LN2, float("-inf"))
         lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
-        tl.store(lse_ptr + lse_off, lse, mask=row_valid)
+        tl.store(lse_ptr + lse_off, lse2 if SPLIT_KV else lse2 * LN2, mask=row_valid)
 
 
 def split_plan_for(
-    cfg: dict, num_seqs: int, num_kv_heads: int, max_seqlen_q: int, max_seqlen_k: int, device_index: int | None
+    cfg: dict,
+    num_seqs: int,
+    num_kv_heads: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    device_index: int | None,
+    batch_invariant: bool = False,
 ) -> SplitPlan:
-    """The split-KV plan under a launch config: its forced split count, else the planner with its split policy."""
-    if "num_splits" in cfg:
+    """The split-KV plan under a launch config: its forced split count, else the planner with its split policy.
+
+    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``) and
+    splits across programs only when the planner would split at all.
+    """
+    if "num_splits" in cfg and not batch_invariant:
         return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
-    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+    if batch_invariant:
+        return invariant_split_plan(plan, max_seqlen_k, cfg["invariant_segment"])
+    return plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,10 +483,13 @@ class LaunchPlan:
     one_block: bool
     constexprs: dict
     cache_dtype: torch.dtype
+    batch_invariant: bool = False
 
     def variant(self) -> tuple:
         """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
-        reduce = (self.split.num_splits > 1, triton.next_power_of_2(self.split.num_splits))
+        # The sequential reduce of batch-invariant mode has one variant for every split count.
+        bucket = 0 if self.batch_invariant else triton.next_power_of_2(self.split.num_splits)
+        reduce = (self.split.num_splits > 1, bucket)
         opts = (self.config["num_warps"], self.config["num_stages"])
         return (tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), opts, reduce, str(self.cache_dtype))
 
@@ -451,13 +517,14 @@ def attention_launch_plan(
     want_lse: bool,
     device_index: int | None,
     interpret: bool,
+    batch_invariant: bool = False,
 ) -> LaunchPlan:
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
     warm-up to enumerate the variants a serving configuration can reach."""
     return _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
         cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
-        has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret,
+        has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant,
     )  # fmt: skip
 
 
@@ -467,13 +534,20 @@ def attention_launch_plan(
 def _cached_launch_plan(
     override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, cache_dtype, num_seqs,
     max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
-    has_rows, want_lse, device_index, interpret,
+    has_rows, want_lse, device_index, interpret, batch_invariant,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype)
+    if batch_invariant:
+        # A row's arithmetic follows the KV tile width and the segment length, not the tile height or warps: fix
+        # both for every regime (the decode regime's, so decode keeps its speed).
+        decode = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
+        block_n = decode["BLOCK_N"]
+        segment = -(-decode.get("invariant_segment", INVARIANT_SEGMENT) // block_n) * block_n
+        cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment}
     block_q = max(1, cfg["BLOCK_M"] // group)
-    split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index)
+    split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant)
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
     one_block = max_seqlen_q <= block_q
     constexprs = dict(
@@ -483,11 +557,12 @@ def _cached_launch_plan(
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
         HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
-        ONE_BLOCK_PER_SEQ=one_block,
+        FOLD_SEGMENTS=batch_invariant and split.num_splits == 1, ONE_BLOCK_PER_SEQ=one_block,
+        FP8_VIA_FP16=cache_dtype.itemsize == 1 and dtype == torch.bfloat16,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
     )  # fmt: skip
-    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype)
+    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant)
 
 
 def _launch_paged_attention(
@@ -511,6 +586,7 @@ def _launch_paged_attention(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     interpret: bool,
+    batch_invariant: bool = False,
     wrap=lambda kernel: kernel,
 ) -> None:
     """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
@@ -526,7 +602,7 @@ def _launch_paged_attention(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
         k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, alibi_slopes is not None,
         sinks is not None, k_scale is not None, v_scale is not None, block_table_rows is not None, lse is not None,
-        None if interpret else q.device.index, interpret,
+        None if interpret else q.device.index, interpret, batch_invariant,
     )  # fmt: skip
     plan = lp.split
     dst_out, dst_lse = out, lse if lse is not None else out
@@ -552,7 +628,7 @@ def _launch_paged_attention(
         **lp.constexprs, num_warps=lp.config["num_warps"], num_stages=lp.config["num_stages"],
     )  # fmt: skip
     if plan.num_splits > 1:
-        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse, wrap)
+        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse, batch_invariant, wrap)
 
 
 configs.on_reload(_cached_launch_plan.cache_clear)

@@ -10,6 +10,37 @@ import torch
 import triton
 import triton.language as tl
 
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # base-2 log-sum-exp to natural log
+
+
+@triton.jit
+def _fold_weights(lse_a, lse_b):
+    """Weights of ``a`` (all keys so far) and ``b`` (the next run of keys) in their merge, and the merged base-2
+    log-sum-exp. An empty side (-inf) gives weights exactly 1 and 0, so folding an empty run changes nothing and
+    folding into an empty state gives the run back bit for bit (exp2(0) / exp2(0) need not be exactly 1).
+
+    Batch-invariant mode folds a row's fixed KV segments in order with this one definition, whether one program
+    walks them (``_paged_attention_kernel``) or split programs wrote them (``_reduce_splits_kernel``): the same
+    operations on the same fp32 values give the same bits either way.
+    """
+    m = tl.maximum(lse_a, lse_b)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w_a = tl.exp2(lse_a - m_safe)
+    w_b = tl.exp2(lse_b - m_safe)
+    total = w_a + w_b
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    lse = tl.where(total > 0.0, m_safe + tl.log2(total_safe), float("-inf"))
+    w_a = tl.where(lse_a == float("-inf"), 0.0, tl.where(lse_b == float("-inf"), 1.0, w_a / total_safe))
+    w_b = tl.where(lse_b == float("-inf"), 0.0, tl.where(lse_a == float("-inf"), 1.0, w_b / total_safe))
+    lse = tl.where(lse_b == float("-inf"), lse_a, tl.where(lse_a == float("-inf"), lse_b, lse))
+    return w_a, w_b, lse
+
+
+@triton.jit
+def _fold_out(o_a, o_b, w_a, w_b):
+    # An explicit fma: left to itself the compiler may contract either product, differently per kernel.
+    return tl.fma(o_a, w_a, o_b * w_b)
+
 
 @triton.jit
 def _merge_attn_states_kernel(
@@ -101,41 +132,53 @@ def _reduce_splits_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    SEQUENTIAL: tl.constexpr,
 ):
-    """Merge the split-KV partials of one (token, head): program ids (token, head)."""
+    """Merge the split-KV partials (outputs and base-2 log-sum-exps) of one (token, head): program ids (token, head).
+
+    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_weights``; otherwise
+    all segments are weighted at once.
+    """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     # Rows past the last sequence are padding: nothing wrote their partials, and the output contract leaves them.
     if token >= tl.load(cu_seqlens_q_ptr + num_seqs):
         return
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    lse = tl.load(
-        part_lse_ptr + offs_s * stride_pl_s + token * stride_pl_t + head * stride_pl_h,
-        mask=s_mask,
-        other=float("-inf"),
-    )
-    m = tl.max(lse, 0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)  # every segment empty: weights exp(-inf) = 0, not NaN
-    w = tl.exp(lse - m_safe)
-    total = tl.sum(w, 0)
-    total_safe = tl.where(total > 0.0, total, 1.0)
-    parts = tl.load(
-        part_out_ptr
-        + offs_s[:, None].to(tl.int64) * stride_po_s
-        + token * stride_po_t
-        + head * stride_po_h
-        + offs_d[None, :],
-        mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-    out = tl.sum(parts * w[:, None], 0) / total_safe
-    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)  # fmt: skip
+    d_mask = offs_d < HEAD_DIM
+    part_out_ptr += token * stride_po_t + head * stride_po_h
+    part_lse_ptr += token * stride_pl_t + head * stride_pl_h
+    if SEQUENTIAL:
+        # Segment 0 as it is: folding it into an empty state would give it back unchanged.
+        lse = tl.load(part_lse_ptr)
+        out = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
+        for _ in range(1, num_splits):
+            # Pointers step one segment at a time: no split * stride product to overflow.
+            part_lse_ptr += stride_pl_s
+            part_out_ptr += stride_po_s
+            lse_s = tl.load(part_lse_ptr)
+            o_s = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
+            w_a, w_b, lse = _fold_weights(lse, lse_s)
+            out = _fold_out(out, o_s, w_a, w_b)
+    else:
+        offs_s = tl.arange(0, BLOCK_S)
+        s_mask = offs_s < num_splits
+        lse_parts = tl.load(part_lse_ptr + offs_s * stride_pl_s, mask=s_mask, other=float("-inf"))
+        m = tl.max(lse_parts, 0)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # every segment empty: weights exp(-inf) = 0, not NaN
+        w = tl.exp2(lse_parts - m_safe)
+        total = tl.sum(w, 0)
+        total_safe = tl.where(total > 0.0, total, 1.0)
+        parts = tl.load(
+            part_out_ptr + offs_s[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
+            mask=s_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        out = tl.sum(parts * w[:, None], 0) / total_safe
+        lse = tl.where(total > 0.0, m_safe + tl.log2(total_safe), float("-inf"))
+    tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
     if WRITE_LSE:
-        lse_out = tl.where(total > 0.0, m_safe + tl.log(total_safe), float("-inf"))
-        tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse_out)
+        tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse * LN2)
 
 
 def _launch_reduce_splits(
@@ -145,9 +188,11 @@ def _launch_reduce_splits(
     num_seqs: int,
     out: torch.Tensor,
     lse: torch.Tensor | None,
+    sequential: bool = False,
     wrap=lambda kernel: kernel,
 ) -> None:
-    """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (natural log) into ``out`` and ``lse``.
+    """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log) into ``out`` and ``lse`` (natural log);
+    ``sequential``: fold the segments in order (batch-invariant mode).
 
     ``wrap`` is applied to the kernel before launch (``torch.library.wrap_triton`` inside a ``triton_op``).
     """
@@ -156,6 +201,7 @@ def _launch_reduce_splits(
     wrap(_reduce_splits_kernel)[(num_tokens, num_heads)](
         part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
         *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        WRITE_LSE=lse is not None, num_warps=4,
+        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_S=2 if sequential else max(2, triton.next_power_of_2(num_splits)),
+        WRITE_LSE=lse is not None, SEQUENTIAL=sequential, num_warps=4,
     )  # fmt: skip
