@@ -546,6 +546,10 @@ def _cached_launch_plan(
         block_n = decode["BLOCK_N"]
         segment = -(-decode.get("invariant_segment", INVARIANT_SEGMENT) // block_n) * block_n
         cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment}
+        if dtype == torch.float32:
+            # fp32 products run on FMA units in a blocked layout, whose row sums are ordered by the tile height and
+            # warps (tensor-core layouts give every row the same order): fix those too.
+            cfg.update(BLOCK_M=decode["BLOCK_M"], num_warps=decode["num_warps"])
     block_q = max(1, cfg["BLOCK_M"] // group)
     split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant)
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
