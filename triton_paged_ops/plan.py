@@ -82,8 +82,10 @@ def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> Split
     return SplitPlan(-(-max_seqlen_k // segment), segment)
 
 
-def invariant_split_plan(default: SplitPlan, max_seqlen_k: int, segment_len: int) -> SplitPlan:
-    """Batch-invariant mode: a row's keys always fall into segments of ``segment_len`` from key 0 (one per program
-    when ``default`` splits at all and the count stays bounded, else all in one program); only the count varies."""
+def invariant_split_plan(max_seqlen_q: int, max_seqlen_k: int, segment_len: int) -> SplitPlan:
+    """Batch-invariant mode: a row's keys always fall into segments of ``segment_len`` from key 0. Short queries
+    run one segment per program (a bounded count; the sequential reduce folds them), longer ones fold all of a
+    row's segments in one program; only the count varies."""
     n = -(-max_seqlen_k // segment_len)
-    return SplitPlan(n if default.num_splits > 1 and 1 < n <= MAX_INVARIANT_SPLITS else 1, segment_len)
+    split = max_seqlen_q <= MAX_SPLIT_Q_LEN and 1 < n <= MAX_INVARIANT_SPLITS
+    return SplitPlan(n if split else 1, segment_len)

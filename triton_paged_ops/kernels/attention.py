@@ -128,7 +128,9 @@ def _attend_tile(
     if HAS_SOFTCAP:
         s = softcap * _tanh(s / softcap)
     if HAS_ALIBI:
-        s += alibi_slope[:, None] * (offs_n[None, :] - q_pos[:, None]).to(tl.float32)
+        # An explicit fma: with two products in one sum the compiler's contraction choice may differ per variant,
+        # and batch-invariant mode needs the same bits from every variant.
+        s = tl.fma(alibi_slope[:, None], (offs_n[None, :] - q_pos[:, None]).to(tl.float32), s)
     if HAS_SOFTCAP or HAS_ALIBI:
         s = s * LOG2E  # qk_scale already carries LOG2E when neither feature is on
 
@@ -460,17 +462,15 @@ def split_plan_for(
 ) -> SplitPlan:
     """The split-KV plan under a launch config: its forced split count, else the planner with its split policy.
 
-    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``) and
-    splits across programs only when the planner would split at all.
+    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``).
     """
-    if "num_splits" in cfg and not batch_invariant:
+    if batch_invariant:
+        return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"])
+    if "num_splits" in cfg:
         return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
-    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
-    if batch_invariant:
-        return invariant_split_plan(plan, max_seqlen_k, cfg["invariant_segment"])
-    return plan
+    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,8 +136,8 @@ def _reduce_splits_kernel(
 ):
     """Merge the split-KV partials (outputs and base-2 log-sum-exps) of one (token, head): program ids (token, head).
 
-    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_weights``; otherwise
-    all segments are weighted at once.
+    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_weights`` (``BLOCK_S``
+    segments loaded per step); otherwise all segments are weighted at once.
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -152,14 +152,22 @@ def _reduce_splits_kernel(
         # Segment 0 as it is: folding it into an empty state would give it back unchanged.
         lse = tl.load(part_lse_ptr)
         out = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
-        for _ in range(1, num_splits):
-            # Pointers step one segment at a time: no split * stride product to overflow.
-            part_lse_ptr += stride_pl_s
-            part_out_ptr += stride_po_s
-            lse_s = tl.load(part_lse_ptr)
-            o_s = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
-            w_a, w_b, lse = _fold_weights(lse, lse_s)
-            out = _fold_out(out, o_s, w_a, w_b)
+        # The rest in groups of BLOCK_S loaded at once (one memory latency per group, not per segment), then folded
+        # one by one in order; picking a row out of the group adds only zeros to it, so it is exact.
+        offs_s = tl.arange(0, BLOCK_S)
+        for s0 in range(1, num_splits, BLOCK_S):
+            s_mask = s0 + offs_s < num_splits
+            lse_grp = tl.load(part_lse_ptr + (s0 + offs_s) * stride_pl_s, mask=s_mask, other=float("-inf"))
+            out_grp = tl.load(
+                part_out_ptr + (s0 + offs_s)[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :],
+                other=0.0,
+            )
+            for g in tl.static_range(BLOCK_S):
+                lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
+                o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
+                w_a, w_b, lse = _fold_weights(lse, lse_s)  # padding past num_splits is empty: no change
+                out = _fold_out(out, o_s, w_a, w_b)
     else:
         offs_s = tl.arange(0, BLOCK_S)
         s_mask = offs_s < num_splits
@@ -202,6 +210,6 @@ def _launch_reduce_splits(
         part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
         *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_S=2 if sequential else max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_S=8 if sequential else max(2, triton.next_power_of_2(num_splits)),
         WRITE_LSE=lse is not None, SEQUENTIAL=sequential, num_warps=4,
     )  # fmt: skip

@@ -50,7 +50,9 @@ def run_demo(
     step_fn = torch.compile(model, fullgraph=True, dynamic=True) if compile_model else model
     total_tokens = sum(answer_lens)
     worst = 0.0
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    # Whole-model logits after every layer's rounding: bf16 runs of a ~1B-shaped model differ from the eager
+    # reference by ~2e-2 (H200: 1.5e-2 to 2.1e-2 across kernel revisions), fp16/fp32 far less.
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
 
     model_seconds: list[float] = []
 
