@@ -59,7 +59,8 @@ _ATTENTION_PARAMS = """
         (1024 keys by default, ``invariant_segment`` in the config tables), each reduced on its own and folded in
         order; decode still splits segments across programs. The Triton kernels guarantee it (GPU, interpreter);
         the plain-PyTorch fallback for CPU tensors attends each sequence alone (batch-mate and order invariant,
-        not bitwise between prefill and decode).
+        not bitwise between prefill and decode). Not yet combined with ``alibi_slopes`` or ``softcap``
+        (``ValueError``).
 """
 
 

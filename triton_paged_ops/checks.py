@@ -99,8 +99,14 @@ def check_attention_args(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     block_table_rows: torch.Tensor | None = None,
+    batch_invariant: bool = False,
 ) -> None:
     """Metadata-only checks of ``paged_attention``'s arguments; raises ``ValueError``/``TypeError`` naming one."""
+    if batch_invariant and (alibi_slopes is not None or softcap > 0.0):
+        # Bitwise invariance is verified on GPUs without these; with them some rows still differed in the last bit
+        # between kernel variants (H200), so the mode refuses them rather than promise what it does not deliver.
+        name = "alibi_slopes" if alibi_slopes is not None else "softcap"
+        raise ValueError(f"batch_invariant=True does not support {name} yet (pass alibi_slopes=None, softcap=0.0)")
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     dev = q.device
