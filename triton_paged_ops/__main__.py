@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         from triton_paged_ops.bench import bench_command
 
-        return bench_command(args, "triton_paged_ops bench", argv)
+        return bench_command(args, "triton_paged_ops", argv)
 
     if args.command == "warmup":
         from triton_paged_ops.warmup import ServingSettings, warmup

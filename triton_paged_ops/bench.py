@@ -183,7 +183,9 @@ def finish(result: dict, text: str, out: str | None, prog: str, argv: list[str] 
 
 def _git_sha() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        # "-dirty" when the working tree differs from the commit: the numbers then belong to uncommitted code.
+        cmd = ["git", "describe", "--always", "--dirty", "--abbrev=40"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
