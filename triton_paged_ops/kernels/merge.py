@@ -1,7 +1,8 @@
-"""Merging two partial attentions computed over disjoint key sets.
+"""Merging partial attentions computed over disjoint key sets: ``merge_attn_states`` (two parts), the split-KV
+reduce, and the in-order fold rule of batch-invariant mode they share.
 
-One program per (token, head) pair (axis 0 = token, axis 1 = head): with natural-log LSEs ``a`` and ``b``,
-``lse = log(e^a + e^b)`` and ``out = e^(a - lse) * out_a + e^(b - lse) * out_b``.
+With LSEs ``a`` and ``b``: ``lse = log(e^a + e^b)`` and ``out = e^(a - lse) * out_a + e^(b - lse) * out_b``
+(computed in base 2: exp2 is native). One program per (token, head) pair: axis 0 = token, axis 1 = head.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import triton
 import triton.language as tl
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # base-2 log-sum-exp to natural log
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # and back
 
 
 @triton.jit
@@ -69,20 +71,15 @@ def _merge_attn_states_kernel(
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask = offs_d < HEAD_DIM
-    lse_a = tl.load(lse_a_ptr + token * stride_la_t + head * stride_la_h).to(tl.float32)
-    lse_b = tl.load(lse_b_ptr + token * stride_lb_t + head * stride_lb_h).to(tl.float32)
-    m = tl.maximum(lse_a, lse_b)
-    # Both parts empty (-inf): subtract 0 instead so the weights are exp(-inf) = 0, not NaN.
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w_a = tl.exp(lse_a - m_safe)
-    w_b = tl.exp(lse_b - m_safe)
-    total = w_a + w_b
-    total_safe = tl.where(total > 0.0, total, 1.0)
+    # Natural-log LSEs to base 2 for the shared merge rule (-inf, an empty part, stays -inf).
+    lse_a = tl.load(lse_a_ptr + token * stride_la_t + head * stride_la_h).to(tl.float32) * LOG2E
+    lse_b = tl.load(lse_b_ptr + token * stride_lb_t + head * stride_lb_h).to(tl.float32) * LOG2E
+    w_a, w_b, lse2 = _fold_weights(lse_a, lse_b)
     o_a = tl.load(out_a_ptr + token * stride_oa_t + head * stride_oa_h + offs_d, mask=mask, other=0.0)
     o_b = tl.load(out_b_ptr + token * stride_ob_t + head * stride_ob_h + offs_d, mask=mask, other=0.0)
-    out = (o_a.to(tl.float32) * w_a + o_b.to(tl.float32) * w_b) / total_safe
-    lse = tl.where(total > 0.0, m_safe + tl.log(total_safe), float("-inf"))
+    out = _fold_out(o_a.to(tl.float32), o_b.to(tl.float32), w_a, w_b)
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=mask)
+    lse = lse2 * LN2
     tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse)
 
 
