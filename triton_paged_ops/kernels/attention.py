@@ -125,14 +125,13 @@ def _attend_tile(
         other=0.0,
     )
     s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    # Scores are in base 2 (the factor LOG2E sits in qk_scale, or in the cap, and in the ALiBi slopes): no separate
+    # multiply feeds the softmax's subtraction, which the compiler could fuse differently per kernel variant.
     if HAS_SOFTCAP:
-        s = softcap * _tanh(s / softcap)
+        s = (softcap * LOG2E) * _tanh(s / softcap)
     if HAS_ALIBI:
-        # An explicit fma: with two products in one sum the compiler's contraction choice may differ per variant,
-        # and batch-invariant mode needs the same bits from every variant.
+        # An explicit fma for the same reason: with two products in one sum the contraction choice is free.
         s = tl.fma(alibi_slope[:, None], (offs_n[None, :] - q_pos[:, None]).to(tl.float32), s)
-    if HAS_SOFTCAP or HAS_ALIBI:
-        s = s * LOG2E  # qk_scale already carries LOG2E when neither feature is on
 
     visible = row_valid[:, None] & key_valid[None, :]
     if IS_CAUSAL:
@@ -375,7 +374,7 @@ def _paged_attention_kernel(
     softcap = tl.cast(softcap, tl.float32)
     if HAS_K_SCALE:
         qk_scale = qk_scale * tl.load(k_scale_ptr)
-    if not (HAS_SOFTCAP or HAS_ALIBI):
+    if not HAS_SOFTCAP:
         qk_scale = qk_scale * LOG2E
     if FP8_VIA_FP16:
         # fp8 -> fp16 is one native conversion per two values, fp8 -> bf16 several: a bf16 query meets an fp8
@@ -384,7 +383,7 @@ def _paged_attention_kernel(
         qk_scale = 1.0
     alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
     if HAS_ALIBI:
-        alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0)
+        alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0) * LOG2E
 
     # Key range this block can see: causal stops at the last row's position, a window starts at the first's.
     last_tok = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
