@@ -58,7 +58,8 @@ def test_bench_arguments(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--help"])
     help_text = capsys.readouterr().out
-    assert exc.value.code == 0 and all(f in help_text for f in ("--out", "--png", "--only", "--no-sdpa", "--config"))
+    flags = ("--out", "--png", "--only", "--no-sdpa", "--config", "--batch-invariant")
+    assert exc.value.code == 0 and all(f in help_text for f in flags)
 
 
 def test_benchmark_inputs_match_the_reference():
@@ -74,3 +75,4 @@ def test_benchmark_inputs_match_the_reference():
         inp = build_inputs(case, seed=1, device=device)
         assert inp.kv_bytes == 2 * 347 * 2 * 64 * (1 if cache_dtype else 2)
         assert check_case(inp) < 2e-3
+        assert check_case(inp, batch_invariant=True) < 2e-3
