@@ -191,3 +191,14 @@ def test_fp8_caches_have_their_own_entries(tables):
 
     assert block_n(fp8) == 32
     assert block_n(None) == block_n(torch.float16) != 32
+
+
+def test_fp8_decode_candidates_include_wider_tiles():
+    """fp8 tiles are half the bytes: the GPU search for fp8 decode tries 256-key tiles, the bf16 search does not."""
+    from triton_paged_ops.tune import candidates
+
+    for quick in (True, False):
+        fp8 = candidates("decode", False, quick, torch.float8_e4m3fn)
+        bf16 = candidates("decode", False, quick)
+        assert any(c["BLOCK_N"] == 256 for c in fp8) and not any(c["BLOCK_N"] == 256 for c in bf16)
+        assert len({tuple(sorted(c.items())) for c in fp8}) == len(fp8)  # no duplicates

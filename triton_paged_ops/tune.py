@@ -43,12 +43,19 @@ class Group:
         return f"{self.key()} D{self.head_dim} {self.regime}"
 
 
-def candidates(regime: str, interpret: bool, quick: bool) -> list[dict]:
+def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None) -> list[dict]:
     """Configs to try, in a fixed order (the tie-break order)."""
     if interpret:
         # The interpreter's cost is per tile step: only tile shapes matter there.
         return [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": 4, "num_stages": 1} for m, n in ((128, 128), (64, 64))]
-    if regime == "decode":
+    if regime == "decode" and cache_dtype is not None and cache_dtype.itemsize == 1:
+        # fp8 tiles are half the bytes of bf16 ones: wider tiles and deeper pipelines fit in shared memory and
+        # keep as many bytes in flight.
+        space = {"BLOCK_N": (128, 256), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
+        if not quick:
+            space = {"BLOCK_N": (64, 128, 256), "num_warps": (4, 8), "num_stages": (2, 3, 4),
+                     "programs_per_sm": (2, 4, 8)}  # fmt: skip
+    elif regime == "decode":
         space = {"BLOCK_N": (64, 128), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
         if not quick:
             space = {"BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
@@ -157,7 +164,7 @@ def tune(
     plan = []
     for dtype, head_dim, regime in itertools.product(dtypes, head_dims, regimes):
         group = Group(dtype, head_dim, regime, cache_dtype)
-        cands = candidates(regime, interpret, quick)
+        cands = candidates(regime, interpret, quick, cache_dtype)
         cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
                            cache_dtype)  # fmt: skip
         fp = _fingerprint(cands, cases)
