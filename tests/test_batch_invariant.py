@@ -137,6 +137,11 @@ def test_invariant_plan_fixes_tile_width_and_segments():
     assert decode_small.split.num_splits == 32768 // decode_small.split.segment_len
     assert attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, batch_invariant=True,
                                  **fixed).constexprs["FOLD_SEGMENTS"]  # fmt: skip
+    # Loose bounds (a CUDA graph's context bound is the whole pool) would need a huge workspace: fold instead.
+    assert attention_launch_plan(num_seqs=1, max_seqlen_q=1, max_seqlen_k=131072, batch_invariant=True,
+                                 **fixed).split.num_splits == 128  # fmt: skip
+    wide = attention_launch_plan(num_seqs=256, max_seqlen_q=1, max_seqlen_k=131072, batch_invariant=True, **fixed)
+    assert wide.split.num_splits == 1 and wide.constexprs["FOLD_SEGMENTS"]
     # Default mode keeps its own choices (prefill tiles differ from decode tiles).
     prefill = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, **fixed)
     assert prefill.config["BLOCK_N"] != decode_small.config["BLOCK_N"]

@@ -19,6 +19,9 @@ MAX_SPLITS = 64
 # that one program folds all of a row's segments (same bits, less parallel).
 INVARIANT_SEGMENT = 1024
 MAX_INVARIANT_SPLITS = 256
+# ... and the most split-KV workspace it allocates per call (the default planner's worst case, 64 splits of 256
+# sequences x 32 heads x 128 dims in fp32): loose bounds (e.g. a CUDA graph's context bound) fold in one program.
+INVARIANT_WORKSPACE_BYTES = 256 << 20
 # Queries up to this long per sequence (decode, speculative verification) may use split-KV.
 MAX_SPLIT_Q_LEN = 16
 
@@ -82,10 +85,13 @@ def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> Split
     return SplitPlan(-(-max_seqlen_k // segment), segment)
 
 
-def invariant_split_plan(max_seqlen_q: int, max_seqlen_k: int, segment_len: int) -> SplitPlan:
+def invariant_split_plan(
+    max_seqlen_q: int, max_seqlen_k: int, segment_len: int, max_tokens: int = 1, token_bytes: int = 0
+) -> SplitPlan:
     """Batch-invariant mode: a row's keys always fall into segments of ``segment_len`` from key 0. Short queries
-    run one segment per program (a bounded count; the sequential reduce folds them), longer ones fold all of a
-    row's segments in one program; only the count varies."""
+    run one segment per program (a bounded count and workspace of ``max_tokens * token_bytes`` per segment; the
+    sequential reduce folds them), others fold all of a row's segments in one program; only the count varies."""
     n = -(-max_seqlen_k // segment_len)
     split = max_seqlen_q <= MAX_SPLIT_Q_LEN and 1 < n <= MAX_INVARIANT_SPLITS
+    split = split and n * max_tokens * token_bytes <= INVARIANT_WORKSPACE_BYTES
     return SplitPlan(n if split else 1, segment_len)

@@ -96,6 +96,13 @@ def reachable_variants(
             found.setdefault(lp.variant(), (1, q, max(q, max_context)))
             continue
         cfg = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=q, **fixed).config
+        if st.batch_invariant:
+            # Fixed segments: a batch either fits one segment (no split) or splits (one sequential reduce variant,
+            # whatever the count); one sequence past one segment reaches the split whenever any batch can.
+            for k in {q, max(q, min(max_context, cfg["invariant_segment"] + 1))}:
+                lp = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=k, **fixed)
+                found.setdefault(lp.variant(), (1, q, k))
+            continue
         policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
         key = (cfg["BLOCK_N"], policy, cfg.get("num_splits"))
         if key not in buckets_of:
@@ -109,7 +116,7 @@ def reachable_variants(
             )
             for b in range(1, min(max_batch, -(-num_sms * pps // num_kv_heads) + 1) + 1):
                 for k in contexts:
-                    n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index, st.batch_invariant).num_splits
+                    n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index).num_splits
                     buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
             buckets_of[key] = buckets
         for b, k in buckets_of[key].values():

@@ -458,18 +458,26 @@ def split_plan_for(
     max_seqlen_k: int,
     device_index: int | None,
     batch_invariant: bool = False,
+    token_bytes: int = 0,
 ) -> SplitPlan:
     """The split-KV plan under a launch config: its forced split count, else the planner with its split policy.
 
-    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``).
+    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``;
+    ``token_bytes``: workspace bytes per query token and segment, which bounds how far it splits).
     """
     if batch_invariant:
-        return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"])
+        return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"],
+                                    num_seqs * max_seqlen_q, token_bytes)  # fmt: skip
     if "num_splits" in cfg:
         return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
     return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+
+
+def workspace_token_bytes(num_q_heads: int, head_dim_v: int) -> int:
+    """Split-KV workspace per query token and segment: fp32 partial outputs and log-sum-exps."""
+    return num_q_heads * (head_dim_v + 1) * 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -550,7 +558,8 @@ def _cached_launch_plan(
             # warps (tensor-core layouts give every row the same order): fix those too.
             cfg.update(BLOCK_M=decode["BLOCK_M"], num_warps=decode["num_warps"])
     block_q = max(1, cfg["BLOCK_M"] // group)
-    split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant)
+    split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant,
+                           workspace_token_bytes(num_q_heads, head_dim_v))  # fmt: skip
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
     one_block = max_seqlen_q <= block_q
     constexprs = dict(
