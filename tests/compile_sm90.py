@@ -1,0 +1,104 @@
+"""Compile the kernels for an H100/H200 (sm_90) without a GPU and report each variant's shared memory as JSON.
+
+Run as a script without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess): the interpreter never
+compiles, so it cannot catch code that only the compiler rejects, nor configs that need more shared memory than
+the GPU has. Launch choices come from the same planner as real calls (heuristic configs, no tuned table).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from triton_paged_ops.kernels import attention, cache, merge
+
+TARGET = GPUTarget("cuda", 90, 32)
+_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv",
+        torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
+
+
+def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, num_warps: int, num_stages: int = 1) -> int:
+    """Compile ``kernel`` (pointer params typed by ``pointers``, ``floats`` fp32, other params i32); shared bytes."""
+    params = list(inspect.signature(kernel.fn).parameters)
+    sig = {}
+    for p in params:
+        if p in constexprs:
+            sig[p] = "constexpr"
+        elif p in pointers:
+            sig[p] = _PTR[pointers[p]]
+        else:
+            sig[p] = "fp32" if p in floats else "i32"
+    src = ASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    return int(compiled.metadata.shared)
+
+
+def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=128, group=4, num_seqs=4, max_q=1,
+                      max_k=8192, window=-1, softcap=0.0, alibi=False, sinks=False, scales=False, rows=False,
+                      lse=False, invariant=False) -> dict:  # fmt: skip
+    cache_dtype = cache_dtype or dtype
+    lp = attention.attention_launch_plan(
+        num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=16, dtype=dtype,
+        cache_dtype=cache_dtype, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=True,
+        window_left=window, softcap=softcap, has_alibi=alibi, has_sinks=sinks, has_k_scale=scales,
+        has_v_scale=scales, has_rows=rows, want_lse=lse, device_index=None, interpret=False,
+        batch_invariant=invariant,
+    )  # fmt: skip
+    split = lp.split.num_splits > 1
+    f32 = torch.float32
+    pointers = {"q_ptr": dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
+                "out_ptr": f32 if split else dtype, "lse_ptr": f32, "alibi_slopes_ptr": f32, "sinks_ptr": f32,
+                "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
+    index_ptrs = ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")
+    pointers |= {p: torch.int32 for p in index_ptrs}
+    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits}"}
+    out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
+                                       lp.constexprs, lp.config["num_warps"], lp.config["num_stages"])  # fmt: skip
+    if split:
+        reduce_consts = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+                             BLOCK_S=8 if invariant else triton.next_power_of_2(lp.split.num_splits), WRITE_LSE=lse,
+                             SEQUENTIAL=invariant)  # fmt: skip
+        reduce_ptrs = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
+                       "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
+        out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), reduce_consts, 4)
+    return out
+
+
+def main() -> int:
+    fp8 = torch.float8_e4m3fn
+    every_feature = dict(alibi=True, sinks=True, scales=True, rows=True)
+    results = [
+        attention_variant("decode split", max_k=16384),
+        attention_variant("decode D64 fp16", dtype=torch.float16, head_dim=64),
+        attention_variant("decode fp8 cache", cache_dtype=fp8, scales=True, max_k=16384),
+        attention_variant("short D256", head_dim=256, max_q=8, max_k=4096),
+        attention_variant("prefill all features", max_q=512, window=256, softcap=30.0, lse=True, **every_feature),
+        attention_variant("prefill D256", head_dim=256, max_q=512, max_k=4096),
+        attention_variant("prefill fp32", dtype=torch.float32, max_q=64, max_k=1024),
+        attention_variant("invariant prefill fold", max_q=512, sinks=True, window=300, invariant=True),
+        attention_variant("invariant decode split", max_k=32768, lse=True, invariant=True),
+        attention_variant("invariant fp32 short", dtype=torch.float32, max_q=8, max_k=4096, invariant=True),
+    ]
+    merge_ptrs = {p: torch.float32 for p in ("lse_a_ptr", "lse_b_ptr", "lse_ptr")}
+    merge_ptrs |= {p: torch.bfloat16 for p in ("out_a_ptr", "out_b_ptr", "out_ptr")}
+    results.append({"name": "merge_attn_states", "shared": _compile(
+        merge._merge_attn_states_kernel, merge_ptrs, (), {"HEAD_DIM": 128, "BLOCK_D": 128}, 1)})  # fmt: skip
+    bf16, f32 = torch.bfloat16, torch.float32
+    cache_ptrs = {"key_ptr": bf16, "value_ptr": bf16, "k_cache_ptr": fp8, "v_cache_ptr": fp8,
+                  "slot_mapping_ptr": torch.int64, "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
+    cache_consts = dict(PAGE_SIZE=16, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128,
+                        HAS_K_SCALE=True, HAS_V_SCALE=True, K_SATURATE=448.0, V_SATURATE=448.0)  # fmt: skip
+    results.append({"name": "reshape_and_cache fp8", "shared": _compile(
+        cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, 4)})  # fmt: skip
+    json.dump(results, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
