@@ -34,7 +34,13 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, num_warps:
             sig[p] = _PTR[pointers[p]]
         else:
             sig[p] = "fp32" if p in floats else "i32"
-    src = ASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    # As a real launch specialises them: pointers 16-byte aligned, and integer arguments the kernel lets Triton
+    # specialise (strides of contiguous tensors) divisible by 16.
+    unspecialised = set(getattr(kernel, "do_not_specialize", ()) or ())
+    unspecialised |= {params[i] for i in unspecialised if isinstance(i, int)}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
+             if p in pointers or (sig[p] == "i32" and p not in unspecialised and p.startswith("stride"))}  # fmt: skip
+    src = ASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
     return int(compiled.metadata.shared)
 
