@@ -201,8 +201,6 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
     records = []
     for i, case in enumerate(cases):
         inp = build_inputs(case, seed + i)
-        err = check_case(inp)
-        us = time_graph(lambda inp=inp: api.paged_attention_out(*inp.args, **inp.kwargs, out=inp.out))
         shape = {
             "B": len(case.kv_lens),
             "kv_tokens": sum(case.kv_lens),
@@ -214,17 +212,13 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
         }
         base = {"case": case.name, "shape": shape, "dtype": str(case.dtype).replace("torch.", ""),
                 "cache_dtype": str(case.cache_dtype or case.dtype).replace("torch.", "")}  # fmt: skip
-        tbps = inp.kv_bytes / us / 1e6
-        records.append({**base, "provider": "tpa", "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
-                        "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip
-        if with_invariant:
-            err = check_case(inp, batch_invariant=True)
-            us = time_graph(lambda inp=inp: api.paged_attention_out(*inp.args, **inp.kwargs, batch_invariant=True,
-                                                                    out=inp.out))  # fmt: skip
+        for provider, invariant in (("tpa", False), ("tpa_invariant", True))[: 2 if with_invariant else 1]:
+            err = check_case(inp, batch_invariant=invariant)
+            us = time_graph(lambda inp=inp, inv=invariant: api.paged_attention_out(
+                *inp.args, **inp.kwargs, batch_invariant=inv, out=inp.out))  # fmt: skip
             tbps = inp.kv_bytes / us / 1e6
-            records.append({**base, "provider": "tpa_invariant", "us": us, "kv_tbps": tbps,
-                            "tflops": inp.flops / us / 1e6, "frac_of_hbm_read": tbps / ceil["read_tbps"],
-                            "rel_err": err})  # fmt: skip
+            records.append({**base, "provider": provider, "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
+                            "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip
         del inp
         if with_sdpa:
             s_us = sdpa_dense_us(case, seed + i)
