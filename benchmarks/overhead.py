@@ -53,11 +53,11 @@ def measure(num_seqs: int, context: int, calls: int = 2000) -> dict:
             lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls
         ),
         "launcher_without_kernels": host_time_us(
-            lambda: _launch_paged_attention(*launch_args, False, _Recorder(False)), calls
+            lambda: _launch_paged_attention(*launch_args, False, False, _Recorder(False)), calls
         ),
     }
     rec = _Recorder(False)
-    _launch_paged_attention(*launch_args, False, rec)
+    _launch_paged_attention(*launch_args, False, False, rec)
     for i, (kernel, grid, args, kwargs) in enumerate(rec.launches):
         run = kernel[grid]
         res[f"triton_launch_{i}_{kernel.fn.__name__}"] = host_time_us(
@@ -67,16 +67,37 @@ def measure(num_seqs: int, context: int, calls: int = 2000) -> dict:
     return res
 
 
+def profile(num_seqs: int, context: int, top: int, calls: int = 2000) -> None:
+    """Where the host time of ``torch.ops.tpa.paged_attention_out`` goes, function by function (own time)."""
+    import cProfile
+    import pstats
+
+    inp = build_inputs(Case("overhead", [context] * num_seqs), seed=0)
+    call = lambda: torch.ops.tpa.paged_attention_out(*inp.args, out=inp.out)  # noqa: E731
+    host_time_us(call, 10)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        call()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(top)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__)
     p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     p.add_argument("--seqs", type=int, default=4, help="sequences in the decode call (default 4)")
     p.add_argument("--context", type=int, default=256, help="keys per sequence (default 256)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also print the N functions with most own time in 2000 torch.ops calls (cProfile)")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the overhead benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
     res = measure(args.seqs, args.context)
+    if args.profile:
+        profile(args.seqs, args.context, args.profile)
     res["gpu"], res["torch"] = torch.cuda.get_device_name(), torch.__version__
     text = "\n".join(f"{k:<40} {v:.1f} µs" if isinstance(v, float) else f"{k:<40} {v}" for k, v in res.items())
     finish(res, text, args.out, "benchmarks.overhead", argv)

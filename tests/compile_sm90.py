@@ -23,7 +23,7 @@ _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
         torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
 
 
-def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, num_warps: int, num_stages: int = 1) -> int:
+def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: dict) -> int:
     """Compile ``kernel`` (pointer params typed by ``pointers``, ``floats`` fp32, other params i32); shared bytes."""
     params = list(inspect.signature(kernel.fn).parameters)
     sig = {}
@@ -41,7 +41,7 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, num_warps:
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if p in pointers or (sig[p] == "i32" and p not in unspecialised and p.startswith("stride"))}  # fmt: skip
     src = ASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
-    compiled = triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages})
+    compiled = triton.compile(src, target=TARGET, options=options)
     return int(compiled.metadata.shared)
 
 
@@ -65,14 +65,14 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     pointers |= {p: torch.int32 for p in index_ptrs}
     out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits}"}
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
-                                       lp.constexprs, lp.config["num_warps"], lp.config["num_stages"])  # fmt: skip
+                                       lp.constexprs, lp.options)  # fmt: skip
     if split:
         reduce_consts = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
                              BLOCK_S=8 if invariant else triton.next_power_of_2(lp.split.num_splits), WRITE_LSE=lse,
                              SEQUENTIAL=invariant)  # fmt: skip
         reduce_ptrs = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
                        "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
-        out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), reduce_consts, 4)
+        out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), reduce_consts, {"num_warps": 4})
     return out
 
 
@@ -90,18 +90,20 @@ def main() -> int:
         attention_variant("invariant prefill fold", max_q=512, sinks=True, window=300, invariant=True),
         attention_variant("invariant decode split", max_k=32768, lse=True, invariant=True),
         attention_variant("invariant fp32 short", dtype=torch.float32, max_q=8, max_k=4096, invariant=True),
+        attention_variant("invariant decode alibi softcap", max_k=8192, alibi=True, softcap=30.0, invariant=True),
     ]
     merge_ptrs = {p: torch.float32 for p in ("lse_a_ptr", "lse_b_ptr", "lse_ptr")}
     merge_ptrs |= {p: torch.bfloat16 for p in ("out_a_ptr", "out_b_ptr", "out_ptr")}
+    merge_consts = {"HEAD_DIM": 128, "BLOCK_D": 128}
     results.append({"name": "merge_attn_states", "shared": _compile(
-        merge._merge_attn_states_kernel, merge_ptrs, (), {"HEAD_DIM": 128, "BLOCK_D": 128}, 1)})  # fmt: skip
+        merge._merge_attn_states_kernel, merge_ptrs, (), merge_consts, {"num_warps": 1})})  # fmt: skip
     bf16, f32 = torch.bfloat16, torch.float32
     cache_ptrs = {"key_ptr": bf16, "value_ptr": bf16, "k_cache_ptr": fp8, "v_cache_ptr": fp8,
                   "slot_mapping_ptr": torch.int64, "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
     cache_consts = dict(PAGE_SIZE=16, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128,
                         HAS_K_SCALE=True, HAS_V_SCALE=True, K_SATURATE=448.0, V_SATURATE=448.0)  # fmt: skip
     results.append({"name": "reshape_and_cache fp8", "shared": _compile(
-        cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, 4)})  # fmt: skip
+        cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, {"num_warps": 4})})  # fmt: skip
     json.dump(results, sys.stdout)
     return 0
 

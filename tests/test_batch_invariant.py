@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 
-import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -46,7 +45,7 @@ def cases(draw):
         num_kv_heads=draw(st.sampled_from((1, 2))), group=draw(st.sampled_from((1, 4, 5))),
         head_dim=draw(st.sampled_from((64, 128))), head_dim_v=0, dtype=draw(st.sampled_from(DTYPES)),
         causal=draw(st.booleans()), window_left=draw(st.one_of(st.just(-1), st.integers(0, 400))),
-        softcap=0.0, use_alibi=False, use_sinks=draw(st.booleans()),
+        softcap=draw(st.sampled_from((0.0, 0.0, 20.0))), use_alibi=draw(st.booleans()), use_sinks=draw(st.booleans()),
         use_kv_scale=draw(st.booleans()), scale=0.1, strided=False, spare_pages=1, extra_cols=slack_pages,
         tiles=None, seed=draw(st.integers(0, 2**31 - 1)), fp8_cache=draw(st.sampled_from((False, False, True))),
     )  # fmt: skip
@@ -85,6 +84,13 @@ def _alone(p, b, rows: slice, seq_len: int, kv_bound: int, tiles):
                use_sinks=True, use_kv_scale=True, scale=0.1, strided=False, spare_pages=1, extra_cols=2, tiles=None,
                seed=5, fp8_cache=True),
           0, {"BLOCK_N": 32, "invariant_segment": 64}, 32, 20),
+)  # fmt: skip
+@example(  # ALiBi and a logit cap: prefill rows beside decode mates, decode steps of the same tokens
+    case=(Spec(q_lens=[3, 30, 1], kv_lens=[700, 1500, 40], pad_tokens=0, page_size=16, num_kv_heads=2, group=4,
+               head_dim=128, head_dim_v=128, dtype=torch.float16, causal=True, window_left=-1, softcap=20.0,
+               use_alibi=True, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
+               extra_cols=0, tiles=None, seed=11, fp8_cache=False),
+          1, None, 0, 0),
 )  # fmt: skip
 def test_rows_bitwise_invariant(case):
     spec, b, tiles, slack_k, slack_q = case
@@ -147,15 +153,3 @@ def test_invariant_plan_fixes_tile_width_and_segments():
     # Default mode keeps its own choices (prefill tiles differ from decode tiles).
     prefill = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, **fixed)
     assert prefill.config["BLOCK_N"] != decode_small.config["BLOCK_N"]
-
-
-def test_alibi_and_softcap_are_refused_clearly():
-    spec = Spec(q_lens=[1], kv_lens=[20], pad_tokens=0, page_size=16, num_kv_heads=1, group=2, head_dim=64,
-                head_dim_v=64, dtype=torch.float32, causal=True, window_left=-1, softcap=0.0, use_alibi=False,
-                use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=0, extra_cols=0, tiles=None,
-                seed=0)  # fmt: skip
-    p = build(spec, DEVICE)
-    with pytest.raises(ValueError, match="batch_invariant=True does not support alibi_slopes"):
-        tpa.paged_attention(*p.args, alibi_slopes=torch.ones(2, device=DEVICE), batch_invariant=True)
-    with pytest.raises(ValueError, match="batch_invariant=True does not support softcap"):
-        tpa.paged_attention(*p.args, softcap=30.0, batch_invariant=True)

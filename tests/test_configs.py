@@ -114,8 +114,9 @@ def test_unreadable_user_path_does_not_crash(tables, monkeypatch, tmp_path):
 
 
 def _cost(cfg: dict) -> float:
-    """A fake timer's rule: cost grows with the KV tile, then with the query tile."""
-    return cfg["BLOCK_N"] * 10 + cfg.get("BLOCK_M", 0)
+    """A fake timer's rule: cost grows with the KV tile, then with the query tile; the baseline (no forced config,
+    ``{}``) costs a fixed 5000."""
+    return cfg["BLOCK_N"] * 10 + cfg.get("BLOCK_M", 0) if cfg else 5000.0
 
 
 class CountingTimer:
@@ -137,7 +138,8 @@ def test_tune_end_to_end_is_deterministic_and_resumable(tables):
     user, _ = tables
     regimes = ["decode", "short"]
     kw = {"num_q_heads": 4, "num_kv_heads": 2, "page_size": 16, "device": "cpu", "stream": io.StringIO()}
-    per_group = {r: len(candidates(r, True, False)) * len(shape_grid(r, 64, 4, 2, 16, torch.float16, True, False))
+    # Each candidate over each shape, then the baseline and the winner once more.
+    per_group = {r: (len(candidates(r, True, False)) + 2) * len(shape_grid(r, 64, 4, 2, 16, torch.float16, True, False))
                  for r in regimes}  # fmt: skip
     # Interrupted during the second group: the first is already written.
     timer = CountingTimer(stop_after=per_group["decode"] + 1)
@@ -145,10 +147,15 @@ def test_tune_end_to_end_is_deterministic_and_resumable(tables):
         tune([torch.float16], [64], regimes, timer=timer, **kw)
     written = configs.read_file(user)
     assert {k[5] for k in written} == {"decode"}
-    # The rerun measures only the missing group.
+    # The rerun measures only the missing group, and reports the winner against the baseline.
     timer = CountingTimer()
-    tune([torch.float16], [64], regimes, timer=timer, **kw)
+    kw["stream"] = io.StringIO()
+    records = tune([torch.float16], [64], regimes, timer=timer, **kw)
     assert timer.calls == per_group["short"]
+    shapes = len(shape_grid("short", 64, 4, 2, 16, torch.float16, True, False))
+    assert records[1]["baseline_us"] == 5000.0 * shapes
+    assert records[1]["total_us"] == _cost(records[1]["winner"]) * shapes
+    assert "shipped/heuristic config" in kw["stream"].getvalue()
     for regime in regimes:
         want = min(candidates(regime, True, False), key=_cost)  # first minimum: the tie-break rule
         gpu, cap = _identity()

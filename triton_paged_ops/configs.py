@@ -21,6 +21,7 @@ raises on bad files.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -151,12 +152,15 @@ def read_file(path: Path) -> dict[tuple, dict]:
     return parse_tables(data, str(path))
 
 
+_ignore_user_file = False
+
+
 @functools.lru_cache(maxsize=1)
 def _tables() -> tuple[dict[tuple, dict], dict[tuple, dict]]:
     shipped: dict[tuple, dict] = {}
     for path in sorted(SHIPPED_DIR.glob("*.json")):
         shipped.update(read_file(path))
-    return read_file(user_config_path()), shipped
+    return {} if _ignore_user_file else read_file(user_config_path()), shipped
 
 
 _reload_hooks: list = []
@@ -173,6 +177,19 @@ def reload() -> None:
     lookup.cache_clear()
     for hook in _reload_hooks:
         hook()
+
+
+@contextlib.contextmanager
+def without_user_file():
+    """Lookups in this block see only the shipped tables and the heuristic (``tune``'s baseline)."""
+    global _ignore_user_file
+    _ignore_user_file = True
+    reload()
+    try:
+        yield
+    finally:
+        _ignore_user_file = False
+        reload()
 
 
 @functools.lru_cache(maxsize=256)

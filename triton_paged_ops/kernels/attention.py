@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from triton_paged_ops import configs
+from triton_paged_ops.kernels.launch import Launcher
 from triton_paged_ops.kernels.merge import _fold_out, _fold_weights, _launch_reduce_splits
 from triton_paged_ops.plan import (
     INVARIANT_SEGMENT,
@@ -491,13 +492,16 @@ class LaunchPlan:
     constexprs: dict
     cache_dtype: torch.dtype
     batch_invariant: bool = False
+    options: dict = dataclasses.field(default_factory=dict)  # Triton launch options (num_warps, num_stages, ...)
+    # A small int naming (constexprs, options): the short launch path's key for them (hashed once, not per call).
+    kernel_id: int = 0
 
     def variant(self) -> tuple:
         """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
         # The sequential reduce of batch-invariant mode has one variant for every split count.
         bucket = 0 if self.batch_invariant else triton.next_power_of_2(self.split.num_splits)
         reduce = (self.split.num_splits > 1, bucket)
-        opts = (self.config["num_warps"], self.config["num_stages"])
+        opts = tuple(sorted(self.options.items()))
         return (tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), opts, reduce, str(self.cache_dtype))
 
 
@@ -574,7 +578,18 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
     )  # fmt: skip
-    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant)
+    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if batch_invariant and (softcap > 0.0 or has_alibi):
+        # The cap and the ALiBi term put a product in front of the softmax's subtraction; the compiler may contract
+        # such pairs into one fma in one variant and not in another (observed: last-bit differences between a
+        # decode and a prefill variant on an H200). Without contraction every element is rounded the same way.
+        options["enable_fp_fusion"] = False
+    kernel_id = _KERNEL_IDS.setdefault((tuple(constexprs.items()), tuple(options.items())), len(_KERNEL_IDS))
+    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id)
+
+
+_KERNEL_IDS: dict[tuple, int] = {}
+_launch_attention = Launcher(_paged_attention_kernel, num_tensors=13, num_floats=2)
 
 
 def _launch_paged_attention(
@@ -625,20 +640,21 @@ def _launch_paged_attention(
     l_strides = dst_lse.stride() if plan.num_splits > 1 else (0, *dst_lse.stride()[:2])
     num_blocks = num_seqs if lp.one_block else num_tokens // lp.block_q + num_seqs
     grid = (num_blocks * plan.num_splits, num_kv_heads)
-    wrap(_paged_attention_kernel)[grid](
+    args = (
         q, k_cache, v_cache, dst_out, dst_lse, block_table,
         block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
         alibi_slopes if alibi_slopes is not None else q,
         sinks if sinks is not None else q,
         k_scale if k_scale is not None else q,
         v_scale if v_scale is not None else q,
-        scale, softcap, window_left, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_pages,
+        float(scale), float(softcap), window_left, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0],
+        num_pages,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         *o_strides[:3], *l_strides[:3], block_table.stride(0), plan.segment_len, plan.num_splits,
-        **lp.constexprs, num_warps=lp.config["num_warps"], num_stages=lp.config["num_stages"],
     )  # fmt: skip
+    _launch_attention(grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap)
     if plan.num_splits > 1:
         _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse, batch_invariant, wrap)
 

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_paged_ops.kernels.launch import Launcher
+
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # base-2 log-sum-exp to natural log
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # and back
 
@@ -186,6 +188,10 @@ def _reduce_splits_kernel(
         tl.store(lse_ptr + token * stride_l_t + head * stride_l_h, lse * LN2)
 
 
+_launch_reduce = Launcher(_reduce_splits_kernel, num_tensors=5, num_floats=0)
+_REDUCE_OPTIONS = {"num_warps": 4}
+
+
 def _launch_reduce_splits(
     part_out: torch.Tensor,
     part_lse: torch.Tensor,
@@ -203,10 +209,12 @@ def _launch_reduce_splits(
     """
     num_splits, num_tokens, num_heads, head_dim = part_out.shape
     lse_arg = lse if lse is not None else part_lse[0]
-    wrap(_reduce_splits_kernel)[(num_tokens, num_heads)](
+    block_s = 8 if sequential else max(2, triton.next_power_of_2(num_splits))
+    args = (
         part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
         *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_S=8 if sequential else max(2, triton.next_power_of_2(num_splits)),
-        WRITE_LSE=lse is not None, SEQUENTIAL=sequential, num_warps=4,
     )  # fmt: skip
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=block_s,
+                      WRITE_LSE=lse is not None, SEQUENTIAL=sequential)  # fmt: skip
+    _launch_reduce((num_tokens, num_heads), args, constexprs, _REDUCE_OPTIONS, (head_dim, block_s, lse is not None,
+                   sequential), wrap)  # fmt: skip

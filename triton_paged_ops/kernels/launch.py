@@ -1,0 +1,106 @@
+"""Kernel launches with a short host path.
+
+``kernel[grid](*args, **constexprs)`` makes Triton bind every argument, recompute its specialisation (type, 16-byte
+alignment, divisibility, value 1) and hash it on each call: for the attention kernel's ~60 parameters that is tens
+of µs of Python per launch, more than a decode step's GPU time. :func:`launch` keeps, per kernel, the compiled
+kernels it has already seen under a key of exactly the facts Triton specialises on, computed from the arguments in a
+few µs, and calls the compiled kernel's launcher directly. The first call with a new key goes through Triton's own
+path (which compiles if needed) and records what it returned, so both paths always run the same binary. If the
+launcher interface of the installed Triton is not the expected one, the first failure switches the short path off
+for the process and every launch goes through Triton's own path. In debug mode (``checks.set_debug_mode``) every short
+launch also asks Triton which compiled kernel it would have chosen and raises if it is another one.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.runtime import driver
+
+from triton_paged_ops import checks
+
+_INT32 = 1 << 31
+_enabled = True
+
+
+def _identity(kernel):
+    return kernel
+
+
+class _Entry:
+    __slots__ = ("compiled", "tail")
+
+    def __init__(self, compiled, tail: tuple):
+        self.compiled, self.tail = compiled, tail
+
+
+class Launcher:
+    """The short launch path of one ``@triton.jit`` kernel whose runtime parameters are ``num_tensors`` tensors,
+    then ``num_floats`` Python floats, then Python ints, and whose constexpr parameters all come after them. Call
+    sites must pass exactly those types (``float(x)``, ``int(x)``): the key does not re-check them."""
+
+    def __init__(self, kernel, num_tensors: int, num_floats: int):
+        self.kernel = kernel
+        params = getattr(kernel, "params", ())  # (the interpreter's kernels have none; they never take this path)
+        ints = [p for p in params[num_tensors + num_floats :] if not p.is_constexpr]
+        self.tensors = slice(0, num_tensors)
+        self.spec_ints = [p.num for p in ints if not p.do_not_specialize]
+        self.other_ints = [p.num for p in ints if p.do_not_specialize]
+        self.cache: dict[tuple, _Entry] = {}
+
+    def _key(self, args: tuple, device: int, static) -> tuple | None:
+        """What Triton specialises on, for these arguments: tensor dtypes and 16-byte alignment, and for ints their
+        width and (unless ``do_not_specialize``) value 1 or divisibility by 16. None: an int needs 64 bits (rare;
+        Triton's own path handles it)."""
+        tensors = args[self.tensors]
+        spec = [args[i] for i in self.spec_ints]
+        ints = spec + [args[i] for i in self.other_ints]
+        if ints and (max(ints) >= _INT32 or min(ints) < -_INT32):
+            return None
+        return (
+            device, static, tuple([t.dtype for t in tensors]), tuple([t.data_ptr() % 16 == 0 for t in tensors]),
+            tuple([v == 1 or (v % 16 == 0 and 2) for v in spec]),
+        )  # fmt: skip
+
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static: tuple, wrap=_identity):
+        """Launch ``kernel[grid](*args, **constexprs, **options)``.
+
+        ``static`` must identify ``constexprs`` and ``options`` (e.g. a launch plan's variant key): it is part of
+        the cache key in their place, so they are not hashed per call.
+        """
+        global _enabled
+        if wrap is not _identity or not _enabled or triton.knobs.runtime.interpret:
+            return wrap(self.kernel)[grid](*args, **constexprs, **options)
+        device = args[0].device.index
+        key = self._key(args, device, static)
+        entry = self.cache.get(key) if key is not None else None
+        if entry is None:
+            if key is None:
+                return self.kernel[grid](*args, **constexprs, **options)
+            compiled = self.kernel[grid](*args, **constexprs, **options)
+            rest = self.kernel.params[len(args) :]
+            if all(p.is_constexpr and p.name in constexprs for p in rest):
+                self.cache[key] = _Entry(compiled, tuple(constexprs[p.name] for p in rest))
+            return compiled
+        compiled = entry.compiled
+        if checks.debug_mode():
+            chosen = self.kernel.warmup(*args, grid=grid, **constexprs, **options)
+            if chosen is not compiled:
+                raise RuntimeError(f"{self.kernel.fn.__name__}: the short launch path picked another compiled kernel "
+                                   "than Triton would; report this with the call's shapes and strides")  # fmt: skip
+        full = args + entry.tail
+        try:
+            stream = driver.active.get_current_stream(device)
+            g1 = grid[1] if len(grid) > 1 else 1
+            g2 = grid[2] if len(grid) > 2 else 1
+            runtime = triton.knobs.runtime
+            compiled.run(
+                grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
+                compiled.launch_metadata(grid, stream, *full), runtime.launch_enter_hook, runtime.launch_exit_hook,
+                *full,
+            )  # fmt: skip
+        except (AttributeError, TypeError):
+            # Another Triton's launcher interface: take Triton's own path from now on.
+            _enabled = False
+            self.cache.clear()
+            return self.kernel[grid](*args, **constexprs, **options)
+        return compiled
