@@ -12,7 +12,7 @@ import torch
 from triton_paged_ops import configs
 from triton_paged_ops.__main__ import main
 from triton_paged_ops.kernels.attention import select_attention_config
-from triton_paged_ops.tune import candidates, shape_grid, tune
+from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, tune
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = DEVICE == "cpu"
@@ -138,9 +138,12 @@ def test_tune_end_to_end_is_deterministic_and_resumable(tables):
     user, _ = tables
     regimes = ["decode", "short"]
     kw = {"num_q_heads": 4, "num_kv_heads": 2, "page_size": 16, "device": "cpu", "stream": io.StringIO()}
-    # Each candidate over each shape, then the baseline and the winner once more.
-    per_group = {r: (len(candidates(r, True, False)) + 2) * len(shape_grid(r, 64, 4, 2, 16, torch.float16, True, False))
-                 for r in regimes}  # fmt: skip
+    # Each candidate over each shape, then final rounds of the finalists and the baseline.
+    per_group = {}
+    for r in regimes:
+        n = len(candidates(r, True, False))
+        timed = n + FINAL_ROUNDS * (1 + min(n, FINALISTS))
+        per_group[r] = timed * len(shape_grid(r, 64, 4, 2, 16, torch.float16, True, False))
     # Interrupted during the second group: the first is already written.
     timer = CountingTimer(stop_after=per_group["decode"] + 1)
     with pytest.raises(KeyboardInterrupt):
@@ -168,6 +171,18 @@ def test_tune_end_to_end_is_deterministic_and_resumable(tables):
     assert timer.calls == 0
     tune([torch.float16], [64], regimes, timer=timer, fresh=True, **kw)
     assert timer.calls == sum(per_group.values())
+
+
+@pytest.mark.skipif(not INTERPRET, reason="tiny interpreter grid; GPU tuning is recorded separately")
+def test_tune_keeps_the_baseline_when_nothing_beats_it(tables):
+    user, _ = tables
+    baseline = select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)
+    records = tune([torch.float16], [64], ["decode"], num_q_heads=4, num_kv_heads=2, page_size=16, device="cpu",
+                   stream=io.StringIO(), timer=lambda fn, cfg: (fn(), 1.0 if not cfg else 2.0)[1])  # fmt: skip
+    assert records[0]["total_us"] == records[0]["baseline_us"]
+    written = configs.lookup(None, "float16", 64, "decode")
+    assert written == {k: v for k, v in baseline.items() if k in configs.CONFIG_KEYS}
+    assert select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) == baseline
 
 
 def test_tune_command_line_arguments(tables, capsys):

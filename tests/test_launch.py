@@ -10,6 +10,7 @@ import torch
 
 import triton_paged_ops as tpa
 from triton_paged_ops import checks, reference
+from triton_paged_ops.kernels import attention, merge
 from triton_paged_ops.kernels.launch import Launcher
 
 from .strategies import Spec, build
@@ -65,6 +66,7 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context):
                 extra_cols=0, tiles=None, seed=3)  # fmt: skip
     p = build(spec, "cuda")
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    short = attention._launch_attention.short_launches, merge._launch_reduce.short_launches
     was = checks.debug_mode()
     checks.set_debug_mode(True)  # each short launch also checks Triton's own choice of compiled kernel
     try:
@@ -78,3 +80,6 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context):
                 assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), name
     finally:
         checks.set_debug_mode(was)
+    assert attention._launch_attention.short_launches >= short[0] + 2 * 3  # at least two per layout took it
+    if context > 1024:
+        assert merge._launch_reduce.short_launches >= short[1] + 2 * 3

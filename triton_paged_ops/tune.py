@@ -2,8 +2,9 @@
 
 For each (dtype, head dim, regime) group, every candidate config runs over a small grid of representative shapes;
 the candidate with the least total time wins (ties go to the earlier candidate, so the result is a function of the
-measurements alone), is checked against the reference, is timed beside the config the package would use without the
-user file (shipped table or heuristic: the baseline), and is written at once to the user config file — so an
+measurements alone). The best few that pass the reference check are timed again, interleaved with the config the
+package would use without the user file (shipped table or heuristic: the baseline); the fastest of those — the
+baseline itself if nothing beats it — is written at once to the user config file — so an
 interrupted run resumes where it stopped (groups already in the file with the same candidate list are skipped).
 """
 
@@ -22,11 +23,15 @@ import torch
 
 from triton_paged_ops import api, configs
 from triton_paged_ops.bench import Case, build_inputs, check_case
-from triton_paged_ops.kernels.attention import attention_config_override
+from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 # (fn, config) -> µs. The real timer ignores the config; tests pass fake ones that cost configs by rule.
 Timer = Callable[[Callable[[], object], dict], float]
 
+# Best candidates of the sweep timed again beside the baseline, and how many interleaved rounds that takes.
+FINALISTS = 3
+FINAL_ROUNDS = 2
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
 
@@ -184,26 +189,52 @@ def tune(
             totals.append(_measure(cand, inputs, timer))
             progress.step(group.label())
         order = sorted(range(len(cands)), key=lambda i: (totals[i], i))
-        winner = next((i for i in order if totals[i] < float("inf") and _valid(cands[i], inputs, group.dtype)), None)
+        finalists = []
+        for i in order:  # the fastest few that ran and match the reference
+            if len(finalists) == FINALISTS or totals[i] == float("inf"):
+                break
+            if _valid(cands[i], inputs, group.dtype):
+                finalists.append(i)
         stream.write("\n")
-        if winner is None:
+        if not finalists:
             stream.write(f"{group.label()}: no candidate ran correctly; nothing written\n")
             records.append({"group": group.label(), "winner": None})
             continue
-        # The baseline and the winner once more, back to back: both under the same clocks and caches.
-        with configs.without_user_file():
-            baseline = _measure({}, inputs, timer)
-        best = _measure(cands[winner], inputs, timer)
+        # Final round: the finalists and the baseline (what the package would run without the user file) timed
+        # again, interleaved, so a winner is not an artefact of when in the sweep it ran (clocks, heat).
+        final = dict.fromkeys(finalists, 0.0)
+        baseline = 0.0
+        for _ in range(FINAL_ROUNDS):
+            with configs.without_user_file():
+                baseline += _measure({}, inputs, timer) / FINAL_ROUNDS
+            for i in finalists:
+                final[i] += _measure(cands[i], inputs, timer) / FINAL_ROUNDS
+        winner = min(finalists, key=lambda i: (final[i], i))
+        best, config = final[winner], cands[winner]
+        if baseline < best:
+            # Nothing measured beats the shipped table / heuristic: write that config itself, so the group counts
+            # as tuned and lookups keep giving it.
+            best, config = baseline, _baseline_config(group, num_q_heads // num_kv_heads, interpret, device)
         extra = {"fingerprint": fp, "measured_us": round(best, 3), "baseline_us": round(baseline, 3),
                  "shapes": [f"{len(c.kv_lens)}x{max(c.kv_lens)} q{c.q_len}" for c in cases]}  # fmt: skip
         configs.write_entry(out, gpu, cap, group.key(), configs.padded_head_dim(group.head_dim), group.regime,
-                            cands[winner], extra)  # fmt: skip
-        stream.write(f"{group.label()}: {cands[winner]} ({best:.1f} µs over {len(cases)} shapes; shipped/heuristic "
+                            config, extra)  # fmt: skip
+        stream.write(f"{group.label()}: {config} ({best:.1f} µs over {len(cases)} shapes; shipped/heuristic "
                      f"config {baseline:.1f} µs, {baseline / best:.3f}x)\n")  # fmt: skip
-        records.append({"group": group.label(), "winner": cands[winner], "total_us": best, "baseline_us": baseline})
+        records.append({"group": group.label(), "winner": config, "total_us": best, "baseline_us": baseline})
     configs.reload()
     stream.write(f"configs written to {out}\n")
     return records
+
+
+def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
+    """The tiles (and any tuned split policy) the shipped table or heuristic gives this group."""
+    q_len = {"decode": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
+    index = None if interpret else torch.device(device).index or 0
+    with configs.without_user_file():
+        cfg = select_attention_config(configs.padded_head_dim(group.head_dim), gqa, group.dtype, q_len, interpret,
+                                      index, group.cache_dtype)  # fmt: skip
+    return {k: v for k, v in cfg.items() if k in configs.CONFIG_KEYS}
 
 
 def _measure(cand: dict, inputs: list, timer: Timer) -> float:

@@ -614,11 +614,12 @@ def _launch_paged_attention(
     lse: torch.Tensor | None,
     interpret: bool,
     batch_invariant: bool = False,
-    wrap=lambda kernel: kernel,
+    wrap=None,
 ) -> None:
     """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
 
-    ``wrap`` is applied to each kernel before launch (``torch.library.wrap_triton`` inside a ``triton_op``).
+    ``wrap``, if given, is applied to each kernel before launch (``torch.library.wrap_triton`` inside a
+    ``triton_op``).
     """
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape

@@ -22,10 +22,6 @@ _INT32 = 1 << 31
 _enabled = True
 
 
-def _identity(kernel):
-    return kernel
-
-
 class _Entry:
     __slots__ = ("compiled", "tail")
 
@@ -46,6 +42,7 @@ class Launcher:
         self.spec_ints = [p.num for p in ints if not p.do_not_specialize]
         self.other_ints = [p.num for p in ints if p.do_not_specialize]
         self.cache: dict[tuple, _Entry] = {}
+        self.short_launches = 0  # how many launches took the short path (for tests and benchmarks)
 
     def _key(self, args: tuple, device: int, static) -> tuple | None:
         """What Triton specialises on, for these arguments: tensor dtypes and 16-byte alignment, and for ints their
@@ -61,15 +58,18 @@ class Launcher:
             tuple([v == 1 or (v % 16 == 0 and 2) for v in spec]),
         )  # fmt: skip
 
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static: tuple, wrap=_identity):
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None):
         """Launch ``kernel[grid](*args, **constexprs, **options)``.
 
         ``static`` must identify ``constexprs`` and ``options`` (e.g. a launch plan's variant key): it is part of
-        the cache key in their place, so they are not hashed per call.
+        the cache key in their place, so they are not hashed per call. ``wrap`` (e.g. ``torch.library.wrap_triton``)
+        takes Triton's own path through the wrapped kernel.
         """
         global _enabled
-        if wrap is not _identity or not _enabled or triton.knobs.runtime.interpret:
+        if wrap is not None:
             return wrap(self.kernel)[grid](*args, **constexprs, **options)
+        if not _enabled or triton.knobs.runtime.interpret:
+            return self.kernel[grid](*args, **constexprs, **options)
         device = args[0].device.index
         key = self._key(args, device, static)
         entry = self.cache.get(key) if key is not None else None
@@ -103,4 +103,5 @@ class Launcher:
             _enabled = False
             self.cache.clear()
             return self.kernel[grid](*args, **constexprs, **options)
+        self.short_launches += 1
         return compiled

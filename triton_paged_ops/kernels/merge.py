@@ -200,12 +200,13 @@ def _launch_reduce_splits(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     sequential: bool = False,
-    wrap=lambda kernel: kernel,
+    wrap=None,
 ) -> None:
     """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log) into ``out`` and ``lse`` (natural log);
     ``sequential``: fold the segments in order (batch-invariant mode).
 
-    ``wrap`` is applied to the kernel before launch (``torch.library.wrap_triton`` inside a ``triton_op``).
+    ``wrap``, if given, is applied to the kernel before launch (``torch.library.wrap_triton`` inside a
+    ``triton_op``).
     """
     num_splits, num_tokens, num_heads, head_dim = part_out.shape
     lse_arg = lse if lse is not None else part_lse[0]
