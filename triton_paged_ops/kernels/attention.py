@@ -648,12 +648,9 @@ def _launch_paged_attention(
         sinks if sinks is not None else q,
         k_scale if k_scale is not None else q,
         v_scale if v_scale is not None else q,
-        float(scale), float(softcap), window_left, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0],
-        num_pages,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        *o_strides[:3], *l_strides[:3], block_table.stride(0), plan.segment_len, plan.num_splits,
+        float(scale), float(softcap), window_left, num_seqs, num_tokens, *reversed(block_table.shape), num_pages,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides[:3], *l_strides[:3],
+        block_table.stride(0), plan.segment_len, plan.num_splits,
     )  # fmt: skip
     _launch_attention(grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap)
     if plan.num_splits > 1:

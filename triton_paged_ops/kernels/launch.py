@@ -93,11 +93,11 @@ class Launcher:
             g1 = grid[1] if len(grid) > 1 else 1
             g2 = grid[2] if len(grid) > 2 else 1
             runtime = triton.knobs.runtime
-            compiled.run(
-                grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata,
-                compiled.launch_metadata(grid, stream, *full), runtime.launch_enter_hook, runtime.launch_exit_hook,
-                *full,
-            )  # fmt: skip
+            enter = runtime.launch_enter_hook
+            # Launch metadata only feeds the enter hook (profilers): skip building it when none is set.
+            meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+            compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter,
+                         runtime.launch_exit_hook, *full)  # fmt: skip
         except (AttributeError, TypeError):
             # Another Triton's launcher interface: take Triton's own path from now on.
             _enabled = False
