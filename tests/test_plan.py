@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, MAX_SPLITS, forced_split_plan, plan_splits
+from triton_paged_ops.plan import (
+    MAX_SPLIT_Q_LEN,
+    MAX_SPLITS,
+    PREFILL_SPLIT_WORKSPACE_BYTES,
+    forced_split_plan,
+    plan_splits,
+)
 
 
 @given(
@@ -17,10 +23,16 @@ from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, MAX_SPLITS, forced_split_plan
     num_sms=st.sampled_from((78, 108, 132, 304)),
 )
 def test_plan_covers_every_key_with_whole_tiles(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms):
-    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms)
+    block_q = 8
+    plan = plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms, block_q=block_q,
+                       token_bytes=32 * 129 * 4)  # fmt: skip
     assert 1 <= plan.num_splits <= MAX_SPLITS
     if plan.num_splits > 1:
-        assert max_seqlen_q <= MAX_SPLIT_Q_LEN
+        if max_seqlen_q > MAX_SPLIT_Q_LEN:
+            # Long queries split only while their programs are fewer than the SMs, and not past one per SM.
+            blocks = num_seqs * -(-max_seqlen_q // block_q) * num_kv_heads
+            assert 2 * blocks <= num_sms and blocks * plan.num_splits <= num_sms
+            assert plan.num_splits * num_seqs * max_seqlen_q * 32 * 129 * 4 <= PREFILL_SPLIT_WORKSPACE_BYTES
         assert plan.segment_len % block_n == 0
         # Every key below the bound falls in some segment, and no segment is wholly past the bound.
         assert plan.num_splits * plan.segment_len >= max_seqlen_k
@@ -34,8 +46,10 @@ def test_plan_fills_the_gpu_only_when_needed():
     assert big.num_splits == 1
     ragged = plan_splits(96, 8, 1, 8192, 64, 132)  # enough programs, but the longest rows would finish last
     assert ragged.num_splits >= 4
-    prefill = plan_splits(1, 8, 512, 32768, 64, 132)
+    prefill = plan_splits(1, 8, 512, 32768, 64, 132, block_q=32)  # 16 query blocks x 8 KV heads already
     assert prefill.num_splits == 1
+    chunk = plan_splits(1, 8, 64, 16384, 64, 132, block_q=32)  # 2 query blocks x 8 KV heads over a long prefix
+    assert chunk.num_splits == 8
     short = plan_splits(4, 8, 1, 1000, 64, 132)  # too short to be worth a merge
     assert short.num_splits == 1
 

@@ -3,11 +3,12 @@ group of queries instead of once per request.
 
 Two levels, each an ordinary ``tpa`` call, merged exactly with ``merge_attn_states``:
 
-1. The prefix, attended by every query token of the batch. The tokens are cut into chunks of at most
-   ``MAX_SPLIT_Q_LEN`` (whatever request they belong to) and each chunk is one "sequence" over the prefix pages —
-   all chunks point at the same block-table row (``block_table_rows``), so a prefix page is read once per chunk
-   (64 decode requests: 4 reads instead of 64), and short chunks keep split-KV, so even one long prefix fills the
-   GPU. The prefix lies before every query, so this level has no causal mask.
+1. The prefix, attended by every query token of the batch as one "sequence" over the prefix pages (whatever
+   request a token belongs to; cut into chunks only where the tokens outnumber the prefix's keys, all chunks on
+   the same block-table row via ``block_table_rows``). A prefix page is then read once per query tile (64 decode
+   requests of 4 query heads per KV head: 2 reads instead of 64), and the planner splits the prefix's keys over
+   programs while the query tiles alone are too few to fill the GPU. The prefix lies before every query, so this
+   level has no causal mask.
 2. Each request's own keys after the prefix (its pages, its new tokens included), causal as usual.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 import torch
 
 import triton_paged_ops.ops  # noqa: F401  (registers torch.ops.tpa.*)
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 
 def cascade_attention(
@@ -95,7 +95,7 @@ def prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, *, softca
         )
     num_tokens = q.shape[0]
     # (A chunk never has more queries than the prefix has keys, as the ops' lengths contract asks.)
-    chunk = max(1, min(MAX_SPLIT_Q_LEN, prefix_len))
+    chunk = max(1, min(num_tokens, prefix_len))
     chunks = -(-num_tokens // chunk)
     cu_chunks = torch.clamp(torch.arange(chunks + 1, device=q.device, dtype=torch.int32) * chunk, max=num_tokens)
     return torch.ops.tpa.paged_attention_with_lse(

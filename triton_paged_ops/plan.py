@@ -1,4 +1,4 @@
-"""Host-side planning: how many KV segments each (sequence, KV head) of a short-query batch is cut into.
+"""Host-side planning: how many KV segments each (query block, KV head) of a batch is cut into.
 
 Decode reads each sequence's whole KV once; with few sequences there are too few (sequence, KV head) programs to
 keep every SM's memory pipeline busy, so the KV range is cut into segments ("split-KV") processed by separate
@@ -22,8 +22,11 @@ MAX_INVARIANT_SPLITS = 256
 # ... and the most split-KV workspace it allocates per call (the default planner's worst case, 64 splits of 256
 # sequences x 32 heads x 128 dims in fp32): loose bounds (e.g. a CUDA graph's context bound) fold in one program.
 INVARIANT_WORKSPACE_BYTES = 256 << 20
-# Queries up to this long per sequence (decode, speculative verification) may use split-KV.
+# Queries up to this long per sequence (decode, speculative verification) are the short-query regime; longer ones
+# split only when their query blocks cannot fill the GPU once (e.g. a small chunk or a cascade's queries over a long
+# prefix), within this workspace.
 MAX_SPLIT_Q_LEN = 16
+PREFILL_SPLIT_WORKSPACE_BYTES = 256 << 20
 
 
 @functools.lru_cache(maxsize=8)
@@ -49,21 +52,35 @@ def plan_splits(
     programs_per_sm: int = 4,
     min_segment: int = 1024,
     max_segment: int = 2048,
+    *,
+    block_q: int = 1,
+    token_bytes: int = 0,
 ) -> SplitPlan:
-    """Choose the KV segment length so that ``num_seqs * num_kv_heads * splits`` programs fill the GPU.
+    """Choose the KV segment length so that the programs (query blocks x KV heads x segments) fill the GPU.
 
-    Segments are at least ``min_segment`` keys (shorter loops are dominated by their start-up latency and the merge),
-    and at most ``max_segment`` keys so that in a ragged batch the few longest sequences are spread over several
-    programs instead of finishing last; sequences shorter than ``max_seqlen_k`` simply use fewer segments (their
-    other programs exit at once).
+    Short queries (decode): ``num_seqs * num_kv_heads * splits`` programs, ``programs_per_sm`` per SM. Segments are
+    at least ``min_segment`` keys (shorter loops are dominated by their start-up latency and the merge), and at most
+    ``max_segment`` keys so that in a ragged batch the few longest sequences are spread over several programs
+    instead of finishing last; sequences shorter than ``max_seqlen_k`` simply use fewer segments (their other
+    programs exit at once).
+
+    Longer queries (``block_q`` query tokens per program) split only while their query blocks fill at most half
+    the SMs, up to one program per SM, and only as far as a workspace of ``token_bytes`` per query token and
+    segment stays within ``PREFILL_SPLIT_WORKSPACE_BYTES``.
     """
-    if max_seqlen_q > MAX_SPLIT_Q_LEN or max_seqlen_k <= 0:
+    if max_seqlen_k <= 0:
         return SplitPlan(1, 0)
-    base = max(1, num_seqs * num_kv_heads)
-    want = max(-(-num_sms * programs_per_sm // base), -(-max_seqlen_k // max_segment))
     by_length = max(1, max_seqlen_k // min_segment)
-    splits = max(1, min(want, by_length, MAX_SPLITS))
-    if splits == 1:
+    if max_seqlen_q > MAX_SPLIT_Q_LEN:
+        base = num_seqs * -(-max_seqlen_q // max(1, block_q)) * num_kv_heads
+        splits = min(num_sms // base, by_length, MAX_SPLITS)
+        if token_bytes:
+            splits = min(splits, PREFILL_SPLIT_WORKSPACE_BYTES // (num_seqs * max_seqlen_q * token_bytes))
+    else:
+        base = max(1, num_seqs * num_kv_heads)
+        want = max(-(-num_sms * programs_per_sm // base), -(-max_seqlen_k // max_segment))
+        splits = min(want, by_length, MAX_SPLITS)
+    if splits <= 1:
         return SplitPlan(1, 0)
     segment = -(-max_seqlen_k // splits)
     segment = -(-segment // block_n) * block_n

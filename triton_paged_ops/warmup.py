@@ -25,6 +25,7 @@ from triton_paged_ops.kernels.attention import attention_launch_plan, split_plan
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of, plan_splits
 
 _DEFAULT_PROGRAMS_PER_SM = inspect.signature(plan_splits).parameters["programs_per_sm"].default
+_DEFAULT_MIN_SEGMENT = inspect.signature(plan_splits).parameters["min_segment"].default
 _CONTEXT_STEP = 64  # context bounds are enumerated at this granularity (split plans change at tile multiples)
 
 
@@ -88,10 +89,10 @@ def reachable_variants(
     queries.add(max_query)
     contexts = sorted({*range(_CONTEXT_STEP, max_context + 1, _CONTEXT_STEP), max_context})
     found: dict[tuple, tuple[int, int, int]] = {}
+    num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
     buckets_of: dict[tuple, dict[tuple, tuple[int, int]]] = {}
     for q in sorted(queries):
         if q > MAX_SPLIT_Q_LEN:
-            # No split-KV for long queries: the batch size and context do not matter.
             lp = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=max(q, max_context), **fixed)
             found.setdefault(lp.variant(), (1, q, max(q, max_context)))
             continue
@@ -111,9 +112,6 @@ def reachable_variants(
             buckets: dict[tuple, tuple[int, int]] = {}
             # Past this batch size the GPU is full without splitting, and the plan depends on the context only.
             pps = dict(policy).get("programs_per_sm", _DEFAULT_PROGRAMS_PER_SM)
-            num_sms = num_sms_of(
-                torch.device("cuda", device_index) if device_index is not None else torch.device("cpu")
-            )
             for b in range(1, min(max_batch, -(-num_sms * pps // num_kv_heads) + 1) + 1):
                 for k in contexts:
                     n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index).num_splits
@@ -123,7 +121,26 @@ def reachable_variants(
             if k >= q:
                 lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
                 found.setdefault(lp.variant(), (b, q, k))
+    if max_query > MAX_SPLIT_Q_LEN and not st.batch_invariant:
+        _prefill_splits(found, fixed, max_query, max_batch, max_context, num_sms)
     return found
+
+
+def _prefill_splits(found: dict, fixed: dict, max_query: int, max_batch: int, max_context: int,
+                    num_sms: int) -> None:  # fmt: skip
+    """Long queries split only while batch x query blocks x KV heads <= SMs / 2: each such (batch, query blocks) with
+    each context bound that changes the split count (multiples of the minimum segment), so every reduce variant
+    they reach is found."""
+    lp = attention_launch_plan(num_seqs=1, max_seqlen_q=max_query, max_seqlen_k=max(max_query, max_context), **fixed)
+    block_q, min_segment = lp.block_q, lp.config.get("min_segment", _DEFAULT_MIN_SEGMENT)
+    contexts = sorted({*range(min_segment, max_context + 1, min_segment), max_context})
+    for blocks in range(1, num_sms // (2 * fixed["num_kv_heads"]) + 1):
+        for b in range(1, min(max_batch, blocks) + 1):
+            q = max(MAX_SPLIT_Q_LEN + 1, blocks // b * block_q)
+            for k in contexts:
+                if blocks % b == 0 and q <= min(k, max_query):
+                    lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
+                    found.setdefault(lp.variant(), (b, q, k))
 
 
 def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> WarmupReport:

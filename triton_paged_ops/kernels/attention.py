@@ -463,11 +463,12 @@ def split_plan_for(
     device_index: int | None,
     batch_invariant: bool = False,
     token_bytes: int = 0,
+    block_q: int = 1,
 ) -> SplitPlan:
-    """The split-KV plan under a launch config: its forced split count, else the planner with its split policy.
+    """The split-KV plan under a launch config: its forced split count, else the planner with its split policy
+    (``block_q`` query tokens per program; ``token_bytes``: workspace bytes per query token and segment).
 
-    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``;
-    ``token_bytes``: workspace bytes per query token and segment, which bounds how far it splits).
+    Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``).
     """
     if batch_invariant:
         return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"],
@@ -476,7 +477,8 @@ def split_plan_for(
         return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
-    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy)
+    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy,
+                       block_q=block_q, token_bytes=token_bytes)  # fmt: skip
 
 
 def workspace_token_bytes(num_q_heads: int, head_dim_v: int) -> int:
@@ -567,7 +569,7 @@ def _cached_launch_plan(
             cfg.update({k: v for k, v in _config_override.items() if k in ("BLOCK_M", "num_warps")})
     block_q = max(1, cfg["BLOCK_M"] // group)
     split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant,
-                           workspace_token_bytes(num_q_heads, head_dim_v))  # fmt: skip
+                           workspace_token_bytes(num_q_heads, head_dim_v), block_q)  # fmt: skip
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
     one_block = max_seqlen_q <= block_q
     constexprs = dict(
