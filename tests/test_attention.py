@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
-from triton_paged_ops.kernels.attention import attention_config_override
+from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
 from triton_paged_ops.ops import INTERPRET
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 from .strategies import Spec, build, specs
 
@@ -189,6 +190,27 @@ def test_split_kv_boundaries(page_size, num_splits, block_n):
                 softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False,
                 spare_pages=1, extra_cols=0, tiles=(16, block_n), seed=page_size, num_splits=num_splits)  # fmt: skip
     p = build(spec, DEVICE)
+    out, lse = run_out_variant(p)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+    assert out[p.num_real_tokens :].isnan().all()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_planner_splits_a_small_prefill_chunk_over_a_long_context(causal):
+    """A prefill chunk too small to fill the GPU with query tiles: the planner splits its keys (no forced count)."""
+    spec = Spec(q_lens=[40, 20], kv_lens=[3000, 2100], pad_tokens=1, page_size=16, num_kv_heads=1, group=4,
+                head_dim=64, head_dim_v=64, dtype=torch.float16, causal=causal, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=7)  # fmt: skip
+    p = build(spec, DEVICE)
+    lp = attention_launch_plan(num_q_heads=4, num_kv_heads=1, head_dim=64, head_dim_v=64, page_size=16,
+                               dtype=spec.dtype, cache_dtype=spec.dtype, num_seqs=2, max_seqlen_q=p.max_seqlen_q,
+                               max_seqlen_k=p.max_seqlen_k, causal=causal, window_left=-1, softcap=0.0,
+                               has_alibi=False, has_sinks=True, has_k_scale=False, has_v_scale=False, has_rows=False,
+                               want_lse=True, device_index=None if INTERPRET else torch.cuda.current_device(),
+                               interpret=INTERPRET)  # fmt: skip
+    assert p.max_seqlen_q > MAX_SPLIT_Q_LEN and lp.split.num_splits > 1
     out, lse = run_out_variant(p)
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
