@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
+from triton_paged_ops.cascade import prefix_level
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = (torch.float32, torch.float16) if DEVICE == "cpu" else (torch.float16, torch.bfloat16)
@@ -69,9 +71,25 @@ def test_cascade_equals_plain_paged_attention(case):
     assert err <= TOL[dtype], f"relative error {err:.2e}"
 
 
-def test_prefix_pages_must_cover_the_prefix():
-    import pytest
+@pytest.mark.parametrize("chunk", [None, 1, 3, 16])
+def test_prefix_level_in_any_chunking_is_attention_over_the_prefix(chunk):
+    """Level 1 alone: each query token over all prefix keys (no mask), however the tokens are grouped."""
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    k_cache = torch.randn(40, 16, 2, 64, generator=gen, device=DEVICE)
+    v_cache = torch.randn(40, 16, 2, 64, generator=gen, device=DEVICE)
+    prefix = torch.randperm(40, generator=gen, device=DEVICE)[:30].to(torch.int32)
+    prefix_len, tokens = 30 * 16 - 5, 21
+    q = torch.randn(tokens, 8, 64, generator=gen, device=DEVICE)
+    out, lse = prefix_level(q, k_cache, v_cache, prefix, prefix_len, 0.125, chunk=chunk)
+    one_each = torch.arange(tokens + 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.full((tokens,), prefix_len, dtype=torch.int32, device=DEVICE)
+    want, want_lse = reference.paged_attention_with_lse(q, k_cache, v_cache, prefix.view(1, -1).expand(tokens, -1),
+                                                        one_each, lens, 0.125, causal=False)  # fmt: skip
+    assert (out - want).norm() / want.norm() <= TOL[torch.float32]
+    assert torch.allclose(lse, want_lse, atol=1e-4)
 
+
+def test_prefix_pages_must_cover_the_prefix():
     q = torch.randn(2, 4, 64, device=DEVICE)
     cache = torch.randn(4, 16, 1, 64, device=DEVICE)
     table = torch.tensor([[1], [2]], dtype=torch.int32, device=DEVICE)

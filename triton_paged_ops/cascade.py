@@ -87,15 +87,16 @@ def own_level(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seql
 
 
 def prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, *, softcap=0.0, k_scale=None,
-                 v_scale=None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Level 1 of ``cascade_attention``: every query token over the shared prefix, in chunks; (out, lse)."""
+                 v_scale=None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Level 1 of ``cascade_attention``: every query token over the shared prefix; (out, lse). ``chunk``: query
+    tokens per "sequence" over the prefix (default: all of them, at most ``prefix_len``)."""
     if prefix_pages.dim() != 1 or prefix_pages.shape[0] * k_cache.shape[1] < prefix_len:
         raise ValueError(
             f"prefix_pages must be [P] with P * page_size >= prefix_len={prefix_len}, got {tuple(prefix_pages.shape)}"
         )
     num_tokens = q.shape[0]
     # (A chunk never has more queries than the prefix has keys, as the ops' lengths contract asks.)
-    chunk = max(1, min(num_tokens, prefix_len))
+    chunk = max(1, min(chunk or num_tokens, num_tokens, prefix_len))
     chunks = -(-num_tokens // chunk)
     cu_chunks = torch.clamp(torch.arange(chunks + 1, device=q.device, dtype=torch.int32) * chunk, max=num_tokens)
     return torch.ops.tpa.paged_attention_with_lse(

@@ -65,7 +65,7 @@ def plan_splits(
     programs exit at once).
 
     Longer queries (``block_q`` query tokens per program) split only while their query blocks fill at most half
-    the SMs, up to one program per SM, and only as far as a workspace of ``token_bytes`` per query token and
+    the SMs, up to two programs per SM, and only as far as a workspace of ``token_bytes`` per query token and
     segment stays within ``PREFILL_SPLIT_WORKSPACE_BYTES``.
     """
     if max_seqlen_k <= 0:
@@ -73,7 +73,7 @@ def plan_splits(
     by_length = max(1, max_seqlen_k // min_segment)
     if max_seqlen_q > MAX_SPLIT_Q_LEN:
         base = num_seqs * -(-max_seqlen_q // max(1, block_q)) * num_kv_heads
-        splits = min(num_sms // base, by_length, MAX_SPLITS)
+        splits = min(2 * num_sms // base, by_length, MAX_SPLITS) if 2 * base <= num_sms else 1
         if token_bytes:
             splits = min(splits, PREFILL_SPLIT_WORKSPACE_BYTES // (num_seqs * max_seqlen_q * token_bytes))
     else:

@@ -246,9 +246,6 @@ def select_attention_config(
     return cfg
 
 
-# Batch-invariant mode's tile height (rows of tokens x packed heads), in every regime.
-INVARIANT_BLOCK_M = 64
-
 # Arguments whose values change from batch to batch: Triton must not specialise on them (value 1, multiple of 16),
 # or a serving loop would compile new variants as batches change. They only feed scalar address arithmetic.
 # (segment_len stays specialised: it is 0 or a multiple of BLOCK_N, always "divisible by 16", and that lets the
@@ -556,17 +553,17 @@ def _cached_launch_plan(
     head_dim_pad = configs.padded_head_dim(head_dim)
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype)
     if batch_invariant:
-        # One tile shape for every regime: the decode regime's KV tile width (decode keeps its speed) and a fixed
-        # tile height and warp count. A row's bits follow the tile shape: on an H200, fp16 rows of a 16-row tile
-        # (mma.sync) differ in the last bit from the same rows in a 64-row tile (warpgroup MMA), and fp32 products
-        # in a blocked layout are ordered by height and warps. 64 rows is the smallest warpgroup tile.
+        # A row's arithmetic must not depend on the regime's tiles. KV tile width and segment length: the decode
+        # regime's everywhere (decode keeps its speed). Tile height and warps: free for bf16, whose rows come out
+        # bitwise the same from 16-row (mma.sync) and 64/128-row (warpgroup MMA) tiles with 4 or 8 warps (H200);
+        # fp16 rows differ between those in the last bit, and fp32 products in a blocked layout are ordered by the
+        # tile height and warps, so those dtypes keep the decode tile everywhere (long prefills run slower).
         decode = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
         block_n = decode["BLOCK_N"]
         segment = -(-decode.get("invariant_segment", INVARIANT_SEGMENT) // block_n) * block_n
-        block_m = max(INVARIANT_BLOCK_M, triton.next_power_of_2(group))
-        cfg = {**cfg, "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "invariant_segment": segment}
-        if _config_override:
-            cfg.update({k: v for k, v in _config_override.items() if k in ("BLOCK_M", "num_warps")})
+        cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment}
+        if dtype != torch.bfloat16:
+            cfg.update(BLOCK_M=decode["BLOCK_M"], num_warps=decode["num_warps"])
     block_q = max(1, cfg["BLOCK_M"] // group)
     split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant,
                            workspace_token_bytes(num_q_heads, head_dim_v), block_q)  # fmt: skip
