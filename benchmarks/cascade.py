@@ -48,9 +48,9 @@ def run(requests: int, prefix: int, own: int, page_size: int = 16, seed: int = 0
     parts = {
         "own_level_us": time_graph(lambda: own_level(q, k_cache, v_cache, mine, cu, own_lens, 1, own, scale)),
         "prefix_level_us": time_graph(lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale)),
-        # The prefix level with the queries cut into short-query chunks of 16 (another plan: more, smaller tiles).
-        "prefix_level_chunk16_us": time_graph(
-            lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale, chunk=16)
+        # The prefix level with all queries as one sequence (fewer prefix reads, prefill tiles, planner's splits).
+        "prefix_level_one_sequence_us": time_graph(
+            lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale, chunk=requests)
         ),
         "merge_us": time_graph(lambda: tpa.merge_attn_states(pre_out, pre_lse, own_out, own_lse)),
     }

@@ -3,11 +3,12 @@ group of queries instead of once per request.
 
 Two levels, each an ordinary ``tpa`` call, merged exactly with ``merge_attn_states``:
 
-1. The prefix, attended by every query token of the batch as one "sequence" over the prefix pages (whatever
-   request a token belongs to; cut into chunks only where the tokens outnumber the prefix's keys, all chunks on
-   the same block-table row via ``block_table_rows``). A prefix page is then read once per query tile (64 decode
-   requests of 4 query heads per KV head: 2 reads instead of 64), and the planner splits the prefix's keys over
-   programs while the query tiles alone are too few to fill the GPU. The prefix lies before every query, so this
+1. The prefix, attended by every query token of the batch. The tokens are cut into chunks of at most
+   ``MAX_SPLIT_Q_LEN`` (whatever request they belong to) and each chunk is one "sequence" over the prefix pages —
+   all chunks point at the same block-table row (``block_table_rows``), so a prefix page is read once per chunk
+   (64 decode requests: 4 reads instead of 64), and short chunks split the prefix's keys over many programs, so even
+   one long prefix fills the GPU. (One sequence of all tokens reads the prefix fewer times but runs as a prefill
+   with larger tiles: slower on an H200, see benchmarks/NOTES.md.) The prefix lies before every query, so this
    level has no causal mask.
 2. Each request's own keys after the prefix (its pages, its new tokens included), causal as usual.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 
 import triton_paged_ops.ops  # noqa: F401  (registers torch.ops.tpa.*)
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 
 def cascade_attention(
@@ -89,14 +91,14 @@ def own_level(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seql
 def prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, *, softcap=0.0, k_scale=None,
                  v_scale=None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Level 1 of ``cascade_attention``: every query token over the shared prefix; (out, lse). ``chunk``: query
-    tokens per "sequence" over the prefix (default: all of them, at most ``prefix_len``)."""
+    tokens per "sequence" over the prefix (default ``MAX_SPLIT_Q_LEN``; never more than ``prefix_len``)."""
     if prefix_pages.dim() != 1 or prefix_pages.shape[0] * k_cache.shape[1] < prefix_len:
         raise ValueError(
             f"prefix_pages must be [P] with P * page_size >= prefix_len={prefix_len}, got {tuple(prefix_pages.shape)}"
         )
     num_tokens = q.shape[0]
     # (A chunk never has more queries than the prefix has keys, as the ops' lengths contract asks.)
-    chunk = max(1, min(chunk or num_tokens, num_tokens, prefix_len))
+    chunk = max(1, min(chunk or MAX_SPLIT_Q_LEN, num_tokens, prefix_len))
     chunks = -(-num_tokens // chunk)
     cu_chunks = torch.clamp(torch.arange(chunks + 1, device=q.device, dtype=torch.int32) * chunk, max=num_tokens)
     return torch.ops.tpa.paged_attention_with_lse(
