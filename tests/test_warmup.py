@@ -60,9 +60,14 @@ def test_warmup_runs_each_variant_and_reports(capsys):
 def test_serving_loop_after_warmup_compiles_nothing(invariant):
     settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
     limits = dict(max_batch=48, max_context=8192, max_query=512)
-    report = warmup(ServingSettings(**settings, **limits, batch_invariant=invariant))
+    st = ServingSettings(**settings, **limits, batch_invariant=invariant)
+    report = warmup(st)
     before = compiled_kernel_count()
-    assert before is not None and before >= report.variants
+    # Each variant has its own attention kernel (variants may share a reduce kernel: decode and prefill splits).
+    found = reachable_variants(st, torch.cuda.current_device(), False)
+    attention_kernels = {(v[0], v[1], v[3]) for v in found}
+    assert report.variants == len(found)
+    assert before is not None and before >= len(attention_kernels)
     rng = random.Random(1)
     pages = 48 * 8192 // 16
     k_cache = torch.randn(pages, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
