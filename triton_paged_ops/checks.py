@@ -103,7 +103,6 @@ def check_attention_args(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     block_table_rows: torch.Tensor | None = None,
-    batch_invariant: bool = False,
 ) -> None:
     """Metadata-only checks of ``paged_attention``'s arguments; raises ``ValueError``/``TypeError`` naming one."""
     if not isinstance(q, torch.Tensor):

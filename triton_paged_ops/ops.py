@@ -114,7 +114,7 @@ def _attention(
     """Body of all three attention ops, real (``fake=False``) and fake: same checks, same output allocation."""
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
     feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-    checks.check_attention_args(*args, *feats, batch_invariant)
+    checks.check_attention_args(*args, *feats)
     if op == "paged_attention_out":
         checks.check_attention_outputs(q, v_cache, out, lse)
     else:
