@@ -58,7 +58,7 @@ def test_bench_arguments(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--help"])
     help_text = capsys.readouterr().out
-    flags = ("--out", "--png", "--only", "--no-sdpa", "--config", "--batch-invariant")
+    flags = ("--out", "--png", "--only", "--no-sdpa", "--config", "--batch-invariant", "--suite")
     assert exc.value.code == 0 and all(f in help_text for f in flags)
 
 
@@ -76,3 +76,29 @@ def test_benchmark_inputs_match_the_reference():
         assert inp.kv_bytes == 2 * 347 * 2 * 64 * (1 if cache_dtype else 2)
         assert check_case(inp) < 2e-3
         assert check_case(inp, batch_invariant=True) < 2e-3
+
+
+def test_prefill_suite_cases_and_causal_flops():
+    """Prefill cases follow the suite's definition (new tokens fit their keys; the mixed batch is its two parts),
+    and the FLOP count is the causal mask's visible pairs, counted here from an explicit mask."""
+    import torch
+
+    from triton_paged_ops.bench import SUITES, Case, build_inputs, check_case
+
+    cases = {c.name: c for c in SUITES["prefill"]()}
+    for c in cases.values():
+        assert all(1 <= q <= k for q, k in zip(c.queries(), c.kv_lens)), c.name
+    mixed, chunk, decodes = (cases[n] for n in ("mixed 2k+63 decodes", "mixed: 2k chunk alone",
+                                                 "mixed: 63 decodes alone"))  # fmt: skip
+    assert mixed.queries() == chunk.queries() + decodes.queries() and mixed.kv_lens == chunk.kv_lens + decodes.kv_lens
+    small = Case("mixed small", [9, 5, 30], q_lens=[4, 1, 30], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                 dtype=torch.float16)  # fmt: skip
+    pairs = 0
+    for q, k in zip(small.queries(), small.kv_lens):
+        pos = torch.arange(k - q, k)[:, None]  # the new tokens' positions
+        pairs += int((torch.arange(k)[None, :] <= pos).sum())
+    assert small.visible_pairs() == pairs
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inp = build_inputs(small, seed=2, device=device)
+    assert inp.flops == 4.0 * pairs * 4 * 64 and inp.out.shape == (35, 4, 64)
+    assert check_case(inp) < 2e-3

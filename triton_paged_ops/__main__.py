@@ -1,6 +1,6 @@
 """Command line: ``python -m triton_paged_ops`` runs the self-check of every op against the reference;
 sub-commands ``demo`` (the model demo), ``tune`` (measure launch configs for this GPU), ``warmup`` (compile every
-kernel variant serving will use) and ``bench`` (the decode benchmark suite)."""
+kernel variant serving will use) and ``bench`` (the decode and prefill benchmark suites)."""
 
 from __future__ import annotations
 
@@ -57,11 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--fresh", action="store_true", help="re-tune groups already in the file")
     bench = sub.add_parser(
         "bench",
-        help="the decode benchmark suite: table, JSON and chart (needs a CUDA GPU)",
-        description="Time paged-attention decode on the benchmark cases (bf16, random data, pages randomly "
-        "permuted, CUDA-graph replay, median) beside dense contiguous SDPA on the same shapes and the measured HBM "
-        "read bandwidth, all from the same run. Prints a table and writes JSON and a bar chart (KV TB/s and "
-        "TFLOP/s per case against the ceiling).",
+        help="the decode or prefill benchmark suite: table, JSON and chart (needs a CUDA GPU)",
+        description="Time paged attention on a suite's cases (--suite decode or prefill; bf16, random data, "
+        "pages randomly permuted, CUDA-graph replay, median) beside dense contiguous SDPA on the same shapes and the "
+        "measured HBM read bandwidth, all from the same run. Prints a table and writes JSON and a bar chart (KV TB/s "
+        "and TFLOP/s per case against the ceiling).",
     )
     from triton_paged_ops.bench import add_bench_arguments
 

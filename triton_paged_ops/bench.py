@@ -22,6 +22,9 @@ from triton_paged_ops.inputs import random_paged_batch
 
 @dataclasses.dataclass
 class Case:
+    """One benchmark problem: sequences with ``kv_lens`` keys each, their last ``q_len`` (or ``q_lens[b]``) tokens
+    new (causal queries; 1 = decode)."""
+
     name: str
     kv_lens: list[int]
     q_len: int = 1
@@ -31,6 +34,14 @@ class Case:
     page_size: int = 16
     dtype: torch.dtype = torch.bfloat16
     cache_dtype: torch.dtype | None = None  # e.g. float8_e4m3fn, read with k/v scales (default: dtype)
+    q_lens: list[int] | None = None  # per-sequence new tokens (a mixed batch); default q_len for every sequence
+
+    def queries(self) -> list[int]:
+        return list(self.q_lens) if self.q_lens is not None else [self.q_len] * len(self.kv_lens)
+
+    def visible_pairs(self) -> int:
+        """(query, key) pairs the causal mask lets through: each new token sees the keys up to its own position."""
+        return sum(q * (k - q) + q * (q + 1) // 2 for q, k in zip(self.queries(), self.kv_lens))
 
 
 def _ragged_lengths(n: int, lo: int, hi: int, seed: int = 0) -> list[int]:
@@ -84,6 +95,26 @@ def time_graph(fn: Callable[[], object], inner: int = 20, reps: int = 30) -> flo
     return sorted(times)[len(times) // 2]
 
 
+def prefill_cases() -> list[Case]:
+    """Causal prefill, chunked prefill on a cached prefix, and a mixed batch with its two parts alone."""
+    mixed_q, mixed_kv = [2048] + [1] * 63, [4096 + 2048] + [4096] * 63
+    return [
+        Case("prefill 1x8k", [8192], q_len=8192),
+        Case("prefill 4x2k", [2048] * 4, q_len=2048),
+        Case("4x1k on 3k prefix", [4096] * 4, q_len=1024),
+        Case("mixed 2k+63 decodes", mixed_kv, q_lens=mixed_q),
+        Case("mixed: 2k chunk alone", mixed_kv[:1], q_lens=mixed_q[:1]),
+        Case("mixed: 63 decodes alone", mixed_kv[1:], q_lens=mixed_q[1:]),
+        Case("prefill 4x2k D64", [2048] * 4, q_len=2048, head_dim=64),
+        Case("prefill 4x2k D256", [2048] * 4, q_len=2048, head_dim=256),
+        Case("prefill 4x2k page1", [2048] * 4, q_len=2048, page_size=1),
+        Case("prefill 4x2k page64", [2048] * 4, q_len=2048, page_size=64),
+    ]
+
+
+SUITES = {"decode": decode_cases, "prefill": prefill_cases}
+
+
 def hbm_ceilings(gib: float = 2.0) -> dict[str, float]:
     """Measured device bandwidth in TB/s: a large read (sum) and a large copy (read + write bytes)."""
     n = int(gib * 2**30) // 2
@@ -106,16 +137,15 @@ class Inputs:
 
 def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
     gen = torch.Generator(device=device).manual_seed(seed)
-    b = len(case.kv_lens)
     pb = random_paged_batch(
-        [case.q_len] * b, case.kv_lens, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
+        case.queries(), case.kv_lens, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim, page_size=case.page_size, dtype=case.dtype, device=device, generator=gen,
         cache_dtype=case.cache_dtype,
     )  # fmt: skip
-    out = torch.empty(b * case.q_len, case.num_q_heads, case.head_dim, device=device, dtype=case.dtype)
+    out = torch.empty(sum(case.queries()), case.num_q_heads, case.head_dim, device=device, dtype=case.dtype)
     tokens = sum(case.kv_lens)
     kv_bytes = 2 * tokens * case.num_kv_heads * case.head_dim * pb.k_cache.element_size()
-    flops = 4.0 * tokens * case.q_len * case.num_q_heads * case.head_dim
+    flops = 4.0 * case.visible_pairs() * case.num_q_heads * case.head_dim
     kwargs = {}
     if case.cache_dtype is not None and case.cache_dtype.itemsize == 1:
         kwargs = {"k_scale": torch.tensor([0.8], device=device), "v_scale": torch.tensor([1.2], device=device)}
@@ -138,15 +168,32 @@ def check_case(inp: Inputs, max_seqs: int = 4, batch_invariant: bool = False) ->
 
 
 def sdpa_dense_us(case: Case, seed: int) -> float:
-    """Dense contiguous SDPA on the same shapes; a ragged batch becomes a uniform one with the same KV tokens."""
-    b = len(case.kv_lens)
-    length = sum(case.kv_lens) // b
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(b, case.num_q_heads, case.q_len, case.head_dim, generator=gen, device="cuda").to(case.dtype)
-    k = torch.randn(b, case.num_kv_heads, length, case.head_dim, generator=gen, device="cuda").to(case.dtype)
-    v = torch.randn_like(k)
+    """Dense contiguous SDPA on the same shapes, causal as the kernel (new tokens last): sequences with the same
+    (new tokens, keys) run as one batch; a decode batch (one new token each) runs as one uniform batch with the
+    same KV tokens."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    return time_graph(lambda: sdpa(q, k, v, enable_gqa=case.num_q_heads != case.num_kv_heads))
+    queries = case.queries()
+    if all(q == 1 for q in queries):
+        groups = {(1, sum(case.kv_lens) // len(case.kv_lens)): len(case.kv_lens)}
+    else:
+        groups: dict[tuple[int, int], int] = {}
+        for q, k in zip(queries, case.kv_lens):
+            groups[(q, k)] = groups.get((q, k), 0) + 1
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    calls = []
+    for (q_len, length), b in groups.items():
+        q = torch.randn(b, case.num_q_heads, q_len, case.head_dim, generator=gen, device="cuda").to(case.dtype)
+        k = torch.randn(b, case.num_kv_heads, length, case.head_dim, generator=gen, device="cuda").to(case.dtype)
+        v = torch.randn_like(k)
+        kw: dict = {"enable_gqa": case.num_q_heads != case.num_kv_heads}
+        if q_len == length:
+            kw["is_causal"] = True
+        elif q_len > 1:
+            from torch.nn.attention.bias import causal_lower_right
+
+            kw["attn_mask"] = causal_lower_right(q_len, length)  # the new tokens are the last keys
+        calls.append((q, k, v, kw))
+    return time_graph(lambda: [sdpa(q, k, v, **kw) for q, k, v, kw in calls])
 
 
 def host_time_us(fn, calls: int = 300, warmup: int = 10) -> float:
@@ -204,7 +251,8 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
         shape = {
             "B": len(case.kv_lens),
             "kv_tokens": sum(case.kv_lens),
-            "q_len": case.q_len,
+            "q_tokens": sum(case.queries()),
+            "q_len": max(case.queries()),
             "Hq": case.num_q_heads,
             "Hkv": case.num_kv_heads,
             "D": case.head_dim,
@@ -224,9 +272,9 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
             s_us = sdpa_dense_us(case, seed + i)
             s_tbps = 2 * sum(case.kv_lens) // len(case.kv_lens) * len(case.kv_lens) * case.num_kv_heads
             s_tbps = s_tbps * case.head_dim * (torch.finfo(case.dtype).bits // 8) / s_us / 1e6
+            flops = 4.0 * case.visible_pairs() * case.num_q_heads * case.head_dim  # same problem as the kernel's
             records.append({**base, "provider": "sdpa_dense", "us": s_us, "kv_tbps": s_tbps,
-                            "tflops": 4.0 * sum(case.kv_lens) * case.q_len * case.num_q_heads * case.head_dim
-                            / s_us / 1e6, "frac_of_hbm_read": s_tbps / ceil["read_tbps"]})  # fmt: skip
+                            "tflops": flops / s_us / 1e6, "frac_of_hbm_read": s_tbps / ceil["read_tbps"]})  # fmt: skip
         torch.cuda.empty_cache()
     return {
         "gpu": torch.cuda.get_device_name(),
@@ -299,9 +347,9 @@ def plot_records(result: dict, path: str) -> None:
 
 def run_decode_benchmark(
     out: str | None, png: str | None, only: list[str] | None, with_sdpa: bool, config: dict[str, int], seed: int,
-    prog: str, argv: list[str] | None, with_invariant: bool = False,
+    prog: str, argv: list[str] | None, with_invariant: bool = False, suite: str = "decode",
 ) -> int:  # fmt: skip
-    """The decode suite as a command: table on stdout, JSON to ``out``, chart to ``png`` (each if given)."""
+    """A suite (``SUITES``) as a command: table on stdout, JSON to ``out``, chart to ``png`` (each if given)."""
     import sys
 
     from triton_paged_ops.kernels.attention import attention_config_override
@@ -309,15 +357,15 @@ def run_decode_benchmark(
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    cases = decode_cases()
+    cases = SUITES[suite]()
     if only:
         cases = [c for c in cases if any(s in c.name for s in only)]
         if not cases:
-            print(f"no case matches {only}; cases: {[c.name for c in decode_cases()]}", file=sys.stderr)
+            print(f"no case matches {only}; cases: {[c.name for c in SUITES[suite]()]}", file=sys.stderr)
             return 2
     with attention_config_override(**config):
         result = run_suite(cases, seed=seed, with_sdpa=with_sdpa, with_invariant=with_invariant)
-    result["config"] = config
+    result["config"], result["suite"] = config, suite
     finish(result, format_records(result), out, prog, argv)
     if png:
         try:
@@ -329,8 +377,11 @@ def run_decode_benchmark(
 
 
 def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> None:
-    """The decode benchmark's command-line flags (shared by ``python -m triton_paged_ops bench`` and
-    ``python -m benchmarks.decode``)."""
+    """The benchmark's command-line flags (shared by ``python -m triton_paged_ops bench`` and
+    ``python -m benchmarks.decode`` / ``benchmarks.prefill``)."""
+    p.add_argument("--suite", choices=sorted(SUITES), default="decode",
+                   help="decode (one new token per sequence) or prefill (causal prefill, chunked prefill on a "
+                   "prefix, a mixed batch and its parts) (default decode)")  # fmt: skip
     p.add_argument("--out", default=out_default, help=f"JSON file to write (default: {out_default or 'none'})")
     p.add_argument("--png", default=png_default, help=f"bar chart to write (default: {png_default or 'none'})")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
@@ -345,7 +396,7 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> 
 
 
 def bench_command(args, prog: str, argv: list[str] | None) -> int:
-    """Run the decode benchmark from parsed ``add_bench_arguments`` flags."""
+    """Run a benchmark suite from parsed ``add_bench_arguments`` flags."""
     import sys
 
     try:
@@ -354,4 +405,4 @@ def bench_command(args, prog: str, argv: list[str] | None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     return run_decode_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv,
-                                args.batch_invariant)  # fmt: skip
+                                args.batch_invariant, args.suite)  # fmt: skip
