@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from triton_paged_ops.plan import (
     MAX_SPLIT_Q_LEN,
     MAX_SPLITS,
+    MAX_WAVES,
     PREFILL_SPLIT_WORKSPACE_BYTES,
     forced_split_plan,
     plan_splits,
@@ -29,10 +30,12 @@ def test_plan_covers_every_key_with_whole_tiles(num_seqs, num_kv_heads, max_seql
     assert 1 <= plan.num_splits <= MAX_SPLITS
     if plan.num_splits > 1:
         if max_seqlen_q > MAX_SPLIT_Q_LEN:
-            # Long queries split only while their programs are fewer than the SMs, and not past one per SM.
+            # Long queries split only while their tiles fill at most half the SMs, to at most two programs per SM.
             blocks = num_seqs * -(-max_seqlen_q // block_q) * num_kv_heads
             assert 2 * blocks <= num_sms and blocks * plan.num_splits <= 2 * num_sms
             assert plan.num_splits * num_seqs * max_seqlen_q * 32 * 129 * 4 <= PREFILL_SPLIT_WORKSPACE_BYTES
+        else:
+            assert num_seqs * num_kv_heads * plan.num_splits <= max(MAX_WAVES * num_sms * 4, num_seqs * num_kv_heads)
         assert plan.segment_len % block_n == 0
         # Every key below the bound falls in some segment, and no segment is wholly past the bound.
         assert plan.num_splits * plan.segment_len >= max_seqlen_k
@@ -52,6 +55,9 @@ def test_plan_fills_the_gpu_only_when_needed():
     assert chunk.num_splits == 16
     short = plan_splits(4, 8, 1, 1000, 64, 132)  # too short to be worth a merge
     assert short.num_splits == 1
+    # A CUDA graph's context bound is the whole pool: a full batch is not split 64 ways by it.
+    pool = plan_splits(256, 8, 1, 1 << 20, 64, 132)
+    assert pool.num_splits * 256 * 8 <= MAX_WAVES * 132 * 4 and pool.num_splits < MAX_SPLITS
 
 
 @given(num_splits=st.integers(1, 100), max_seqlen_k=st.integers(0, 100_000), block_n=st.sampled_from((16, 64)))

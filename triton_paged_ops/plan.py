@@ -15,6 +15,9 @@ import functools
 import torch
 
 MAX_SPLITS = 64
+# Short queries: at most this many times the programs that fill the GPU (split programs past a sequence's end exit
+# at once, but each still costs a launch slot).
+MAX_WAVES = 16
 # Batch-invariant mode: keys per fixed KV segment (default), and the most segments it splits across programs; past
 # that one program folds all of a row's segments (same bits, less parallel).
 INVARIANT_SEGMENT = 1024
@@ -79,7 +82,9 @@ def plan_splits(
     else:
         base = max(1, num_seqs * num_kv_heads)
         want = max(-(-num_sms * programs_per_sm // base), -(-max_seqlen_k // max_segment))
-        splits = min(want, by_length, MAX_SPLITS)
+        # A loose context bound (a CUDA graph's is the whole pool) must not multiply the programs of a batch that
+        # already fills the GPU: at most MAX_WAVES times the programs that fill it, counting empty ones.
+        splits = min(want, by_length, MAX_SPLITS, max(1, MAX_WAVES * num_sms * programs_per_sm // base))
     if splits <= 1:
         return SplitPlan(1, 0)
     segment = -(-max_seqlen_k // splits)

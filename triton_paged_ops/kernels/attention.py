@@ -107,8 +107,15 @@ def _attend_tile(
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
-    """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step."""
+    """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step.
+
+    ``MASKED=False`` for tiles that every row of the block sees whole (inside the sequence, below the causal
+    diagonal, inside the window): the per-element row/causal/window mask is skipped, only the per-key guard
+    remains. Visible scores get the same operations either way (a select of the score or -inf before the
+    softmax), so a row's bits do not depend on the tile kind.
+    """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
@@ -134,12 +141,16 @@ def _attend_tile(
         # An explicit fma for the same reason: with two products in one sum the contraction choice is free.
         s = tl.fma(alibi_slope[:, None], (offs_n[None, :] - q_pos[:, None]).to(tl.float32), s)
 
-    visible = row_valid[:, None] & key_valid[None, :]
-    if IS_CAUSAL:
-        visible = visible & (offs_n[None, :] <= q_pos[:, None])
-    if HAS_WINDOW:
-        visible = visible & (offs_n[None, :] >= q_pos[:, None] - window_left)
-    s = tl.where(visible, s, float("-inf"))
+    if MASKED:
+        visible = row_valid[:, None] & key_valid[None, :]
+        if IS_CAUSAL:
+            visible = visible & (offs_n[None, :] <= q_pos[:, None])
+        if HAS_WINDOW:
+            visible = visible & (offs_n[None, :] >= q_pos[:, None] - window_left)
+        s = tl.where(visible, s, float("-inf"))
+    else:
+        # (Padding rows score keys too; their q is 0 and their output is never stored.)
+        s = tl.where(key_valid[None, :], s, float("-inf"))
 
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # Rows that have seen no key yet keep m = -inf; subtracting 0 instead avoids (-inf) - (-inf) = NaN.
@@ -155,6 +166,44 @@ def _attend_tile(
     )
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_range(
+    acc, m_i, l_i, q, lo, hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+    q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
+    [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after."""
+    mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
+    if HAS_WINDOW:  # (without a window full_lo is 0: nothing lies before it, and no code is made for it)
+        for start_n in range(lo, mid_lo, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos,
+                row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head,
+                stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+                PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, True,
+            )  # fmt: skip
+    for start_n in range(mid_lo, mid_hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos,
+            row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head,
+            stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, False,
+        )  # fmt: skip
+    for start_n in range(mid_hi, hi, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos,
+            row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head,
+            stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD,
+            PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, True,
+        )  # fmt: skip
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -400,6 +449,15 @@ def _paged_attention_kernel(
         kv_lo = tl.maximum(kv_lo, split * segment_len)
         kv_hi = tl.minimum(kv_hi, (split + 1) * segment_len)
 
+    # Tiles every row of the block sees whole (no mask needed): inside the sequence, at or below the first row's
+    # causal diagonal, at or after the last row's window start.
+    full_hi = (kv_len // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        full_hi = tl.minimum(full_hi, ((context_len + q_block * BLOCK_Q + 1) // BLOCK_N) * BLOCK_N)
+    full_lo = 0
+    if HAS_WINDOW:
+        full_lo = tl.cdiv(tl.maximum(0, context_len + last_tok - window_left), BLOCK_N) * BLOCK_N
+
     bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
     if FOLD_SEGMENTS:
         # Batch-invariant mode in one program: fixed segments of segment_len keys, each its own online softmax,
@@ -412,27 +470,26 @@ def _paged_attention_kernel(
         for seg_lo in range(first_seg, kv_hi, segment_len):
             acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
                                            HAS_SINKS)  # fmt: skip
-            for start_n in range(tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), BLOCK_N):
-                acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
-                    q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
-                    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-                    HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
-                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-                )  # fmt: skip
+            acc, m_i, l_i = _attend_range(
+                acc, m_i, l_i, q, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), full_lo,
+                full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid,
+                qk_scale, softcap, window_left, alibi_slope,
+                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+            )  # fmt: skip
             o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
             w_a, w_b, lse2 = _fold_weights(lse2, lse_seg)
             out = _fold_out(out, o_seg, w_a[:, None], w_b[:, None])
     else:
         acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
-        for start_n in range(kv_lo, kv_hi, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
-                q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
-                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-            )  # fmt: skip
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, kv_lo, kv_hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
+            num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+        )  # fmt: skip
         out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
 
     # A segment's partial result goes to its own workspace slice (base-2 lse, as the reduce wants it); empty
