@@ -9,7 +9,7 @@ from triton_paged_ops.plan import (
     MAX_SPLIT_Q_LEN,
     MAX_SPLITS,
     MAX_WAVES,
-    PREFILL_SPLIT_WORKSPACE_BYTES,
+    SPLIT_WORKSPACE_BYTES,
     forced_split_plan,
     plan_splits,
 )
@@ -33,7 +33,7 @@ def test_plan_covers_every_key_with_whole_tiles(num_seqs, num_kv_heads, max_seql
             # Long queries split only while their tiles fill at most half the SMs, to at most two programs per SM.
             blocks = num_seqs * -(-max_seqlen_q // block_q) * num_kv_heads
             assert 2 * blocks <= num_sms and blocks * plan.num_splits <= 2 * num_sms
-            assert plan.num_splits * num_seqs * max_seqlen_q * 32 * 129 * 4 <= PREFILL_SPLIT_WORKSPACE_BYTES
+            assert plan.num_splits * num_seqs * max_seqlen_q * 32 * 129 * 4 <= SPLIT_WORKSPACE_BYTES
         else:
             assert num_seqs * num_kv_heads * plan.num_splits <= max(MAX_WAVES * num_sms * 4, num_seqs * num_kv_heads)
         assert plan.segment_len % block_n == 0

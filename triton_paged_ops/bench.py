@@ -345,7 +345,7 @@ def plot_records(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def run_decode_benchmark(
+def run_benchmark(
     out: str | None, png: str | None, only: list[str] | None, with_sdpa: bool, config: dict[str, int], seed: int,
     prog: str, argv: list[str] | None, with_invariant: bool = False, suite: str = "decode",
 ) -> int:  # fmt: skip
@@ -404,5 +404,5 @@ def bench_command(args, prog: str, argv: list[str] | None) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    return run_decode_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv,
+    return run_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv,
                                 args.batch_invariant, args.suite)  # fmt: skip

@@ -22,14 +22,14 @@ MAX_WAVES = 16
 # that one program folds all of a row's segments (same bits, less parallel).
 INVARIANT_SEGMENT = 1024
 MAX_INVARIANT_SPLITS = 256
-# ... and the most split-KV workspace it allocates per call (the default planner's worst case, 64 splits of 256
-# sequences x 32 heads x 128 dims in fp32): loose bounds (e.g. a CUDA graph's context bound) fold in one program.
-INVARIANT_WORKSPACE_BYTES = 256 << 20
+# The most split-KV workspace a plan allocates per call where it depends on the token count (batch-invariant short
+# queries, long queries; the default short-query plan's worst case is 64 splits of 256 sequences x 32 heads x 128
+# dims in fp32): past it, batch-invariant mode folds in one program and long queries split less.
+SPLIT_WORKSPACE_BYTES = 256 << 20
 # Queries up to this long per sequence (decode, speculative verification) are the short-query regime; longer ones
 # split only when their query blocks cannot fill the GPU once (e.g. a small chunk or a cascade's queries over a long
-# prefix), within this workspace.
+# prefix), within SPLIT_WORKSPACE_BYTES.
 MAX_SPLIT_Q_LEN = 16
-PREFILL_SPLIT_WORKSPACE_BYTES = 256 << 20
 
 
 @functools.lru_cache(maxsize=8)
@@ -69,7 +69,7 @@ def plan_splits(
 
     Longer queries (``block_q`` query tokens per program) split only while their query blocks fill at most half
     the SMs, up to two programs per SM, and only as far as a workspace of ``token_bytes`` per query token and
-    segment stays within ``PREFILL_SPLIT_WORKSPACE_BYTES``.
+    segment stays within ``SPLIT_WORKSPACE_BYTES``.
     """
     if max_seqlen_k <= 0:
         return SplitPlan(1, 0)
@@ -78,7 +78,7 @@ def plan_splits(
         base = num_seqs * -(-max_seqlen_q // max(1, block_q)) * num_kv_heads
         splits = min(2 * num_sms // base, by_length, MAX_SPLITS) if 2 * base <= num_sms else 1
         if token_bytes:
-            splits = min(splits, PREFILL_SPLIT_WORKSPACE_BYTES // (num_seqs * max_seqlen_q * token_bytes))
+            splits = min(splits, SPLIT_WORKSPACE_BYTES // (num_seqs * max_seqlen_q * token_bytes))
     else:
         base = max(1, num_seqs * num_kv_heads)
         want = max(-(-num_sms * programs_per_sm // base), -(-max_seqlen_k // max_segment))
@@ -115,5 +115,5 @@ def invariant_split_plan(
     sequential reduce folds them), others fold all of a row's segments in one program; only the count varies."""
     n = -(-max_seqlen_k // segment_len)
     split = max_seqlen_q <= MAX_SPLIT_Q_LEN and 1 < n <= MAX_INVARIANT_SPLITS
-    split = split and n * max_tokens * token_bytes <= INVARIANT_WORKSPACE_BYTES
+    split = split and n * max_tokens * token_bytes <= SPLIT_WORKSPACE_BYTES
     return SplitPlan(n if split else 1, segment_len)

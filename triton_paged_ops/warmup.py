@@ -135,10 +135,10 @@ def _prefill_splits(found: dict, fixed: dict, max_query: int, max_batch: int, ma
     block_q, min_segment = lp.block_q, lp.config.get("min_segment", _DEFAULT_MIN_SEGMENT)
     contexts = sorted({*range(min_segment, max_context + 1, min_segment), max_context})
     for blocks in range(1, num_sms // (2 * fixed["num_kv_heads"]) + 1):
-        for b in range(1, min(max_batch, blocks) + 1):
+        for b in (b for b in range(1, min(max_batch, blocks) + 1) if blocks % b == 0):
             q = max(MAX_SPLIT_Q_LEN + 1, blocks // b * block_q)
             for k in contexts:
-                if blocks % b == 0 and q <= min(k, max_query):
+                if q <= min(k, max_query):
                     lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
                     found.setdefault(lp.variant(), (b, q, k))
 

@@ -635,9 +635,9 @@ def _cached_launch_plan(
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
-        # The cap and the ALiBi term put a product in front of the softmax's subtraction; the compiler may contract
-        # such pairs into one fma in one variant and not in another (observed: last-bit differences between a
-        # decode and a prefill variant on an H200). Without contraction every element is rounded the same way.
+        # The cap and the ALiBi term put a product in front of the softmax's subtraction; without contraction the
+        # compiler cannot fuse such a pair into one fma in one variant and not in another. (The last-bit differences
+        # once seen with them on an H200 came from the fp16 tile height, fixed above; this stays as a guard.)
         options["enable_fp_fusion"] = False
     kernel_id = _KERNEL_IDS.setdefault((tuple(constexprs.items()), tuple(options.items())), len(_KERNEL_IDS))
     return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id)

@@ -2,7 +2,7 @@
 
 ``kernel[grid](*args, **constexprs)`` makes Triton bind every argument, recompute its specialisation (type, 16-byte
 alignment, divisibility, value 1) and hash it on each call: for the attention kernel's ~60 parameters that is tens
-of µs of Python per launch, more than a decode step's GPU time. :func:`launch` keeps, per kernel, the compiled
+of µs of Python per launch, more than a decode step's GPU time. A :class:`Launcher` keeps, per kernel, the compiled
 kernels it has already seen under a key of exactly the facts Triton specialises on, computed from the arguments in a
 few µs, and calls the compiled kernel's launcher directly. The first call with a new key goes through Triton's own
 path (which compiles if needed) and records what it returned, so both paths always run the same binary. If the
@@ -36,8 +36,10 @@ class Launcher:
 
     def __init__(self, kernel, num_tensors: int, num_floats: int):
         self.kernel = kernel
-        params = getattr(kernel, "params", ())  # (the interpreter's kernels have none; they never take this path)
-        ints = [p for p in params[num_tensors + num_floats :] if not p.is_constexpr]
+        # The interpreter's kernels have no params (and no compiled launcher): they always take Triton's path.
+        params = getattr(kernel, "params", None)
+        self.interpreted = params is None
+        ints = [p for p in (params or ())[num_tensors + num_floats :] if not p.is_constexpr]
         self.tensors = slice(0, num_tensors)
         self.spec_ints = [p.num for p in ints if not p.do_not_specialize]
         self.other_ints = [p.num for p in ints if p.do_not_specialize]
@@ -68,14 +70,11 @@ class Launcher:
         global _enabled
         if wrap is not None:
             return wrap(self.kernel)[grid](*args, **constexprs, **options)
-        if not _enabled or triton.knobs.runtime.interpret:
+        key = None if self.interpreted or not _enabled else self._key(args, args[0].device.index, static)
+        if key is None:
             return self.kernel[grid](*args, **constexprs, **options)
-        device = args[0].device.index
-        key = self._key(args, device, static)
-        entry = self.cache.get(key) if key is not None else None
+        entry = self.cache.get(key)
         if entry is None:
-            if key is None:
-                return self.kernel[grid](*args, **constexprs, **options)
             compiled = self.kernel[grid](*args, **constexprs, **options)
             rest = self.kernel.params[len(args) :]
             if all(p.is_constexpr and p.name in constexprs for p in rest):
@@ -89,7 +88,7 @@ class Launcher:
                                    "than Triton would; report this with the call's shapes and strides")  # fmt: skip
         full = args + entry.tail
         try:
-            stream = driver.active.get_current_stream(device)
+            stream = driver.active.get_current_stream(key[0])
             g1 = grid[1] if len(grid) > 1 else 1
             g2 = grid[2] if len(grid) > 2 else 1
             runtime = triton.knobs.runtime
