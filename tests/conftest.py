@@ -24,6 +24,7 @@ _COMMON = {
 }
 settings.register_profile("ci", max_examples=30, **_COMMON)
 settings.register_profile("gpu", max_examples=300, **_COMMON)
+settings.register_profile("smoke", max_examples=5, **_COMMON)  # a quick GPU pass over every property
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "ci"))
 
 

@@ -196,6 +196,19 @@ def test_split_kv_boundaries(page_size, num_splits, block_n):
     assert out[p.num_real_tokens :].isnan().all()
 
 
+def _launch_plan(p):
+    """The launch plan a call on the built batch ``p`` (no ALiBi, scales or row indirection) gets."""
+    spec = p.spec
+    return attention_launch_plan(
+        num_q_heads=spec.num_kv_heads * spec.group, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+        head_dim_v=spec.head_dim_v, page_size=spec.page_size, dtype=spec.dtype, cache_dtype=spec.dtype,
+        num_seqs=len(spec.q_lens), max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, causal=spec.causal,
+        window_left=spec.window_left, softcap=spec.softcap, has_alibi=False, has_sinks=spec.use_sinks,
+        has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
+        device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_planner_splits_a_small_prefill_chunk_over_a_long_context(causal):
     """A prefill chunk too small to fill the GPU with query tiles: the planner splits its keys (no forced count)."""
@@ -204,13 +217,32 @@ def test_planner_splits_a_small_prefill_chunk_over_a_long_context(causal):
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
                 extra_cols=0, tiles=None, seed=7)  # fmt: skip
     p = build(spec, DEVICE)
-    lp = attention_launch_plan(num_q_heads=4, num_kv_heads=1, head_dim=64, head_dim_v=64, page_size=16,
-                               dtype=spec.dtype, cache_dtype=spec.dtype, num_seqs=2, max_seqlen_q=p.max_seqlen_q,
-                               max_seqlen_k=p.max_seqlen_k, causal=causal, window_left=-1, softcap=0.0,
-                               has_alibi=False, has_sinks=True, has_k_scale=False, has_v_scale=False, has_rows=False,
-                               want_lse=True, device_index=None if INTERPRET else torch.cuda.current_device(),
-                               interpret=INTERPRET)  # fmt: skip
+    lp = _launch_plan(p)
     assert p.max_seqlen_q > MAX_SPLIT_Q_LEN and lp.split.num_splits > 1
+    out, lse = run_out_variant(p)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+    assert out[p.num_real_tokens :].isnan().all()
+
+
+@pytest.mark.parametrize(
+    ("tiles", "window_left", "num_splits"),
+    [(None, -1, None), ((32, 16), -1, None), ((32, 16), 40, None), ((32, 16), -1, 3)],
+)
+def test_mixed_batch_prefill_chunks_and_decodes(tiles, window_left, num_splits):
+    """One launch of tall (prefill) tiles over prefill chunks and one-token sequences: the one-token sequences run
+    the decode tile (SMALL_M), the chunks' query blocks run last-first with KV heads interleaved; every row is
+    written, and matches the reference, with windows and split-KV too."""
+    spec = Spec(q_lens=[45, 1, 1, 3, 1, 20], kv_lens=[300, 70, 1, 50, 260, 20], pad_tokens=2, page_size=16,
+                num_kv_heads=2, group=4, head_dim=64, head_dim_v=64, dtype=torch.float32, causal=True,
+                window_left=window_left, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False,
+                scale=0.125, strided=False, spare_pages=1, extra_cols=0, tiles=tiles, seed=11,
+                num_splits=num_splits)  # fmt: skip
+    p = build(spec, DEVICE)
+    with _tiles(spec):
+        lp = _launch_plan(p)
+    assert lp.constexprs["SMALL_M"] == 16 and lp.constexprs["BLOCK_M"] > 16
+    assert not lp.one_block and lp.block_q < 45
     out, lse = run_out_variant(p)
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)

@@ -89,8 +89,11 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
         lens = [[40, 7], [65]] if regime != "prefill" else [[160]]
         return [Case(f"{regime}{i}", kv, q_len=min(q_len, 24), **common) for i, kv in enumerate(lens)]
     if regime == "prefill":
-        lens = [[2048] * 2, [4096]] if quick else [[2048] * 4, [8192], [4096] * 2]
-        return [Case(f"prefill{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
+        # Whole causal prefills and chunks on a cached prefix: they favour different KV tiles and pipeline depths
+        # (H200, D128: 64-key tiles, 3 stages for whole prompts; 32-key tiles for 256-token chunks).
+        shapes = [([2048] * 2, 2048), ([4096], 256)] if quick else [([2048] * 4, 2048), ([8192], 8192),
+                                                                    ([4096] * 2, 512)]  # fmt: skip
+        return [Case(f"prefill{i}", kv, q_len=q, **common) for i, (kv, q) in enumerate(shapes)]
     lens = [[8192] * 4, [2048] * 64] if quick else [[32768], [4096] * 8, [4096] * 32, [8192] * 64, [2048] * 256]
     return [Case(f"{regime}{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
 

@@ -174,30 +174,42 @@ def _attend_range(
     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
     stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
     [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after."""
-    mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
-    mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
-    for phase in tl.static_range(3):  # masked, unmasked, masked: ascending tile order
-        if phase == 0:
-            start, stop = lo, mid_lo
-        elif phase == 1:
-            start, stop = mid_lo, mid_hi
-        else:
-            start, stop = mid_hi, hi
-        # (Without a window full_lo is 0: nothing lies before it, and no code is made for that range.)
-        if phase != 0 or HAS_WINDOW:
-            for start_n in range(start, stop, BLOCK_N):
-                acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
-                    q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
-                    stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
-                    HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, phase != 1,
-                )  # fmt: skip
+    if BLOCK_Q == 1 and not HAS_WINDOW:
+        # One query token: it sees every key below kv_len (a causal mask ends at its own position), so the per-key
+        # guard is all the masking needed, in one loop (one pipelined loop keeps decode's code and registers lean).
+        for start_n in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+                q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
+                stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
+                DOT_PRECISION, False,
+            )  # fmt: skip
+    else:
+        mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+        mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
+        for phase in tl.static_range(3):  # masked, unmasked, masked: ascending tile order
+            if phase == 0:
+                start, stop = lo, mid_lo
+            elif phase == 1:
+                start, stop = mid_lo, mid_hi
+            else:
+                start, stop = mid_hi, hi
+            # (Without a window full_lo is 0: nothing lies before it, and no code is made for that range.)
+            if phase != 0 or HAS_WINDOW:
+                for start_n in range(start, stop, BLOCK_N):
+                    acc, m_i, l_i = _attend_tile(
+                        acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+                        q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
+                        stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                        HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
+                        DOT_PRECISION, phase != 1,
+                    )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -290,6 +302,123 @@ def select_attention_config(
     return cfg
 
 
+@triton.jit
+def _attend_block(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr, alibi_slopes_ptr, sinks_ptr, k_scale_ptr, v_scale_ptr,
+    bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, q_block, kv_head, kv_len, split,
+    segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
+    stride_v_head, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
+    WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, FP8_VIA_FP16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
+    its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse)."""
+    context_len = kv_len - q_len  # bottom-right alignment: new tokens are the last q_len keys
+
+    offs_m = tl.arange(0, BLOCK_M)
+    q_tok = q_block * BLOCK_Q + offs_m // GROUP
+    q_head = kv_head * GROUP + offs_m % GROUP
+    row_valid = (offs_m < BLOCK_Q * GROUP) & (q_tok < q_len)
+    q_pos = context_len + q_tok
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+
+    q_row = (q_start + q_tok).to(tl.int64) * stride_q_t + q_head * stride_q_h
+    q = tl.load(
+        q_ptr + q_row[:, None] + offs_d[None, :],
+        mask=row_valid[:, None] & (offs_d[None, :] < HEAD_DIM),
+        other=0.0,
+    )
+
+    # Float arguments arrive as fp64 when Inductor launches the kernel (triton_op): keep the softmax in fp32.
+    qk_scale = tl.cast(sm_scale, tl.float32)
+    softcap = tl.cast(softcap, tl.float32)
+    if HAS_K_SCALE:
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+    if not HAS_SOFTCAP:
+        qk_scale = qk_scale * LOG2E
+    if FP8_VIA_FP16:
+        # fp8 -> fp16 is one native conversion per two values, fp8 -> bf16 several: a bf16 query meets an fp8
+        # cache in fp16 (P too), with the score scale folded into q first so that it fits fp16's range.
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
+    alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_ALIBI:
+        alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0) * LOG2E
+
+    # Key range this block can see: causal stops at the last row's position, a window starts at the first's.
+    last_tok = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
+    kv_hi = kv_len
+    if IS_CAUSAL:
+        kv_hi = tl.minimum(kv_len, context_len + last_tok + 1)
+    kv_lo = 0
+    if HAS_WINDOW:
+        kv_lo = tl.maximum(0, context_len + q_block * BLOCK_Q - window_left)
+        kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
+    if SPLIT_KV:
+        # segment_len is a multiple of BLOCK_N, so segment edges are tile edges.
+        kv_lo = tl.maximum(kv_lo, split * segment_len)
+        kv_hi = tl.minimum(kv_hi, (split + 1) * segment_len)
+
+    # Tiles every row of the block sees whole (no mask needed): inside the sequence, at or below the first row's
+    # causal diagonal, at or after the last row's window start.
+    full_hi = (kv_len // BLOCK_N) * BLOCK_N
+    if IS_CAUSAL:
+        full_hi = tl.minimum(full_hi, ((context_len + q_block * BLOCK_Q + 1) // BLOCK_N) * BLOCK_N)
+    full_lo = 0
+    if HAS_WINDOW:
+        full_lo = tl.cdiv(tl.maximum(0, context_len + last_tok - window_left), BLOCK_N) * BLOCK_N
+
+    if FOLD_SEGMENTS:
+        # Batch-invariant mode in one program: fixed segments of segment_len keys, each its own online softmax,
+        # folded in order: the arithmetic of split programs + the sequential reduce, so a row's bits do not depend
+        # on whether (or how) its keys were split, nor on the other rows of its tile.
+        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+        lse2 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        # Segment 0 holds the sink even when a window skips its keys.
+        first_seg = 0 if HAS_SINKS else (kv_lo // segment_len) * segment_len
+        for seg_lo in range(first_seg, kv_hi, segment_len):
+            acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
+                                           HAS_SINKS)  # fmt: skip
+            acc, m_i, l_i = _attend_range(
+                acc, m_i, l_i, q, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), full_lo,
+                full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid,
+                qk_scale, softcap, window_left, alibi_slope,
+                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+            )  # fmt: skip
+            o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+            w_a, w_b, lse2 = _fold_weights(lse2, lse_seg)
+            out = _fold_out(out, o_seg, w_a[:, None], w_b[:, None])
+    else:
+        acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, kv_lo, kv_hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
+            num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
+        )  # fmt: skip
+        out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+
+    # A segment's partial result (base-2 lse, as the reduce wants it) goes to its workspace slice; empty segments
+    # write out = 0, lse = -inf.
+    o_row = (q_start + q_tok).to(tl.int64) * stride_o_t + q_head * stride_o_h
+    tl.store(
+        out_ptr + o_row[:, None] + offs_dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+    )
+    if WRITE_LSE:
+        lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
+        tl.store(lse_ptr + lse_off, lse2 if SPLIT_KV else lse2 * LN2, mask=row_valid)
+
+
 # Arguments whose values change from batch to batch: Triton must not specialise on them (value 1, multiple of 16),
 # or a serving loop would compile new variants as batches change. They only feed scalar address arithmetic.
 # (segment_len stays specialised: it is 0 or a multiple of BLOCK_N, always "divisible by 16", and that lets the
@@ -347,6 +476,8 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    SMALL_M: tl.constexpr,
+    SMALL_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -364,15 +495,23 @@ def _paged_attention_kernel(
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
-    # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
-    # instead of trailing after every other sequence's first segment.
     if SPLIT_KV:
+        # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
+        # instead of trailing after every other sequence's first segment.
         block_id = tl.program_id(0) // num_splits
         split = tl.program_id(0) % num_splits
-    else:
+        kv_head = tl.program_id(1)
+    elif ONE_BLOCK_PER_SEQ:
         block_id = tl.program_id(0)
         split = 0
-    kv_head = tl.program_id(1)
+        kv_head = tl.program_id(1)
+    else:
+        # KV heads vary fastest in dispatch order (x, then y), so the first wave holds every head's first blocks.
+        num_kv_heads = tl.num_programs(1)
+        linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        block_id = linear // num_kv_heads
+        kv_head = linear % num_kv_heads
+        split = 0
 
     if ONE_BLOCK_PER_SEQ:
         # Every sequence fits one query block (decode): block b is sequence b, no search needed.
@@ -381,9 +520,15 @@ def _paged_attention_kernel(
     else:
         seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_len = tl.minimum(tl.load(cu_seqlens_q_ptr + seq + 1), num_tokens) - q_start
+    q_end = tl.minimum(tl.load(cu_seqlens_q_ptr + seq + 1), num_tokens)
+    q_len = q_end - q_start
     if not ONE_BLOCK_PER_SEQ:
-        q_block = block_id - (q_start // BLOCK_Q + seq)
+        # A sequence's blocks run last one first: under a causal mask it sees the most keys, and the longest
+        # programs should start early rather than trail at the end of the launch.
+        owned = q_end // BLOCK_Q - q_start // BLOCK_Q + 1
+        q_block = owned - 1 - (block_id - (q_start // BLOCK_Q + seq))
+        if q_block < 0:
+            return
     if q_block * BLOCK_Q >= q_len:
         return
     # Never read past the block table row, whatever seq_lens says.
@@ -397,110 +542,34 @@ def _paged_attention_kernel(
         bt_row = tl.where(row_ok, bt_row, 0)
     else:
         bt_row = seq.to(tl.int64)
-    context_len = kv_len - q_len  # bottom-right alignment: new tokens are the last q_len keys
-
-    offs_m = tl.arange(0, BLOCK_M)
-    q_tok = q_block * BLOCK_Q + offs_m // GROUP
-    q_head = kv_head * GROUP + offs_m % GROUP
-    row_valid = (offs_m < BLOCK_Q * GROUP) & (q_tok < q_len)
-    q_pos = context_len + q_tok
-    offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
-
-    q_row = (q_start + q_tok).to(tl.int64) * stride_q_t + q_head * stride_q_h
-    q = tl.load(
-        q_ptr + q_row[:, None] + offs_d[None, :],
-        mask=row_valid[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-
-    # Float arguments arrive as fp64 when Inductor launches the kernel (triton_op): keep the softmax in fp32.
-    qk_scale = tl.cast(sm_scale, tl.float32)
-    softcap = tl.cast(softcap, tl.float32)
-    if HAS_K_SCALE:
-        qk_scale = qk_scale * tl.load(k_scale_ptr)
-    if not HAS_SOFTCAP:
-        qk_scale = qk_scale * LOG2E
-    if FP8_VIA_FP16:
-        # fp8 -> fp16 is one native conversion per two values, fp8 -> bf16 several: a bf16 query meets an fp8
-        # cache in fp16 (P too), with the score scale folded into q first so that it fits fp16's range.
-        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
-        qk_scale = 1.0
-    alibi_slope = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if HAS_ALIBI:
-        alibi_slope = tl.load(alibi_slopes_ptr + q_head, mask=row_valid, other=0.0) * LOG2E
-
-    # Key range this block can see: causal stops at the last row's position, a window starts at the first's.
-    last_tok = tl.minimum(q_block * BLOCK_Q + BLOCK_Q, q_len) - 1
-    kv_hi = kv_len
-    if IS_CAUSAL:
-        kv_hi = tl.minimum(kv_len, context_len + last_tok + 1)
-    kv_lo = 0
-    if HAS_WINDOW:
-        kv_lo = tl.maximum(0, context_len + q_block * BLOCK_Q - window_left)
-        kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
-    if SPLIT_KV:
-        # segment_len is a multiple of BLOCK_N, so segment edges are tile edges.
-        kv_lo = tl.maximum(kv_lo, split * segment_len)
-        kv_hi = tl.minimum(kv_hi, (split + 1) * segment_len)
-
-    # Tiles every row of the block sees whole (no mask needed): inside the sequence, at or below the first row's
-    # causal diagonal, at or after the last row's window start.
-    full_hi = (kv_len // BLOCK_N) * BLOCK_N
-    if IS_CAUSAL:
-        full_hi = tl.minimum(full_hi, ((context_len + q_block * BLOCK_Q + 1) // BLOCK_N) * BLOCK_N)
-    full_lo = 0
-    if HAS_WINDOW:
-        full_lo = tl.cdiv(tl.maximum(0, context_len + last_tok - window_left), BLOCK_N) * BLOCK_N
-
     bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
-    if FOLD_SEGMENTS:
-        # Batch-invariant mode in one program: fixed segments of segment_len keys, each its own online softmax,
-        # folded in order: the arithmetic of split programs + the sequential reduce, so a row's bits do not depend
-        # on whether (or how) its keys were split, nor on the other rows of its tile.
-        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-        lse2 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        # Segment 0 holds the sink even when a window skips its keys.
-        first_seg = 0 if HAS_SINKS else (kv_lo // segment_len) * segment_len
-        for seg_lo in range(first_seg, kv_hi, segment_len):
-            acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
-                                           HAS_SINKS)  # fmt: skip
-            acc, m_i, l_i = _attend_range(
-                acc, m_i, l_i, q, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), full_lo,
-                full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid,
-                qk_scale, softcap, window_left, alibi_slope,
-                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-            )  # fmt: skip
-            o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
-            w_a, w_b, lse2 = _fold_weights(lse2, lse_seg)
-            out = _fold_out(out, o_seg, w_a[:, None], w_b[:, None])
-    else:
-        acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
-        acc, m_i, l_i = _attend_range(
-            acc, m_i, l_i, q, kv_lo, kv_hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
-            num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
-            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
-        )  # fmt: skip
-        out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
-
-    # A segment's partial result goes to its own workspace slice (base-2 lse, as the reduce wants it); empty
-    # segments write out = 0, lse = -inf.
     if SPLIT_KV:
         out_ptr += split.to(tl.int64) * stride_o_split
         lse_ptr += split.to(tl.int64) * stride_lse_split
-    o_row = (q_start + q_tok).to(tl.int64) * stride_o_t + q_head * stride_o_h
-    tl.store(
-        out_ptr + o_row[:, None] + offs_dv[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-    )
-    if WRITE_LSE:
-        lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
-        tl.store(lse_ptr + lse_off, lse2 if SPLIT_KV else lse2 * LN2, mask=row_valid)
+
+    if SMALL_M > 0:  # noqa: SIM102 (a compile-time if around a run-time one: no code without SMALL_M)
+        # Tall tiles (prefill) meet one-token sequences (a mixed batch of prefill chunks and decodes): those run
+        # the decode tile instead, so a decode row does not pay a 128-row tile's tensor-core work for its heads.
+        if q_len == 1:
+            _attend_block(
+                q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr, alibi_slopes_ptr, sinks_ptr, k_scale_ptr,
+                v_scale_ptr, bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, 0, kv_head,
+                kv_len, split, segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head,
+                stride_v_page, stride_v_slot, stride_v_head, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+                GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
+                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION,
+            )  # fmt: skip
+            return
+    _attend_block(
+        q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr, alibi_slopes_ptr, sinks_ptr, k_scale_ptr, v_scale_ptr,
+        bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, q_block, kv_head, kv_len, split,
+        segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
+        stride_v_slot, stride_v_head, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+        GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
+        IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
+        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION,
+    )  # fmt: skip
 
 
 def split_plan_for(
@@ -522,11 +591,13 @@ def split_plan_for(
     if batch_invariant:
         return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"],
                                     num_seqs * max_seqlen_q, token_bytes)  # fmt: skip
+    # Segment edges are tile edges for both tile widths (powers of two: the wider one's edges are the other's too).
+    block_n = max(cfg["BLOCK_N"], cfg.get("SMALL_N", 0))
     if "num_splits" in cfg:
-        return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
+        return forced_split_plan(cfg["num_splits"], max_seqlen_k, block_n)
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
-    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy,
+    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms, **policy,
                        block_q=block_q, token_bytes=token_bytes)  # fmt: skip
 
 
@@ -616,7 +687,20 @@ def _cached_launch_plan(
         cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment}
         if dtype != torch.bfloat16:
             cfg.update(BLOCK_M=decode["BLOCK_M"], num_warps=decode["num_warps"])
-    block_q = max(1, cfg["BLOCK_M"] // group)
+    # Query tokens per tile. Decode launches say 1 whatever the tile holds: one token sees every key below its
+    # sequence length, which lets the kernel drop the causal mask (the tile's other rows are padding).
+    block_q = 1 if max_seqlen_q == 1 else max(1, cfg["BLOCK_M"] // group)
+    small_m = small_n = 0
+    if not batch_invariant and max_seqlen_q > 1:
+        # One-token sequences in a launch of taller tiles (a mixed batch) take the decode tile.
+        small = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
+        small_m = min(small["BLOCK_M"], max(16, triton.next_power_of_2(group)))
+        # No wider than the launch's own KV tile: the kernel's shared memory is the larger branch's, and the tall
+        # tiles set the pipeline depth.
+        small_n = min(small["BLOCK_N"], cfg["BLOCK_N"])
+        if small_m >= cfg["BLOCK_M"]:
+            small_m = small_n = 0
+    cfg = {**cfg, "SMALL_M": small_m, "SMALL_N": small_n}
     split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant,
                            workspace_token_bytes(num_q_heads, head_dim_v), block_q)  # fmt: skip
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
@@ -624,7 +708,7 @@ def _cached_launch_plan(
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
-        BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], SMALL_M=cfg["SMALL_M"], SMALL_N=cfg["SMALL_N"],
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
         HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
