@@ -71,9 +71,10 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
         if not quick:
             space = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
     else:
-        space = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
+        space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
         if not quick:
-            space = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (1, 2, 3, 4)}
+            space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8),
+                     "num_stages": (1, 2, 3, 4)}  # fmt: skip
     keys = list(space)
     return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
