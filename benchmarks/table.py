@@ -15,9 +15,18 @@ def render(result: dict) -> str:
         f"{result['gpu']}, torch {result['torch']}, triton {result['triton']}, commit {result['git_sha'][:7]}, "
         f"{result['date'][:10]}; measured HBM read {ceil['read_tbps']:.2f} TB/s. bf16, CUDA-graph replay, median.",
         "",
-        "| case | tpa µs | tpa KV TB/s | of HBM read | dense SDPA µs | SDPA KV TB/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
+    if result.get("suite") == "prefill":
+        # Compute-bound: TFLOP/s (causal visible pairs) and the ratio to the same-run dense SDPA.
+        lines += ["| case | tpa µs | tpa TFLOP/s | dense SDPA µs | SDPA TFLOP/s | tpa / SDPA |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+        for case, prov in by_case.items():
+            t, s = prov["tpa"], prov.get("sdpa_dense")
+            sdpa = f"{s['us']:.1f} | {s['tflops']:.1f} | {t['tflops'] / s['tflops']:.2f}" if s else "– | – | –"
+            lines.append(f"| {case} | {t['us']:.1f} | {t['tflops']:.1f} | {sdpa} |")
+        return "\n".join(lines)
+    lines += ["| case | tpa µs | tpa KV TB/s | of HBM read | dense SDPA µs | SDPA KV TB/s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for case, prov in by_case.items():
         t, s = prov["tpa"], prov.get("sdpa_dense")
         sdpa = f"{s['us']:.1f} | {s['kv_tbps']:.2f}" if s else "– | –"

@@ -155,6 +155,15 @@ def test_invariant_plan_fixes_tile_width_and_segments():
                                   **{**fixed, "dtype": torch.float16, "cache_dtype": torch.float16})
             for q in (1, 8, 2048)]  # fmt: skip
     assert len({(lp.config["BLOCK_M"], lp.config["BLOCK_N"], lp.config["num_warps"]) for lp in fp16}) == 1
-    # Default mode keeps its own choices (prefill tiles differ from decode tiles).
+    # Default mode keeps its own choices (prefill tiles differ from decode tiles; one-token sequences of a prefill
+    # launch take a decode tile, which the mode leaves out: all its rows run the launch's one tile).
     prefill = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, **fixed)
     assert prefill.config["BLOCK_N"] != decode_small.config["BLOCK_N"]
+    assert prefill.constexprs["SMALL_M"] > 0 and all(lp.constexprs["SMALL_M"] == 0 for lp in plans)
+    # bf16 row bits were checked equal up to 128-row tiles: taller tuned tiles are capped in the mode only.
+    with attention_config_override(BLOCK_M=256, num_warps=16):
+        tall = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, **fixed)
+        capped = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, batch_invariant=True,
+                                       **fixed)  # fmt: skip
+    assert (tall.config["BLOCK_M"], tall.config["num_warps"]) == (256, 16)
+    assert (capped.config["BLOCK_M"], capped.config["num_warps"]) == (128, 8)

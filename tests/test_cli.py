@@ -43,6 +43,20 @@ def test_bench_table_and_chart(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+def test_markdown_table_per_suite():
+    """``benchmarks.table``: KV TB/s columns for decode, TFLOP/s and the kernel/SDPA ratio for prefill."""
+    from benchmarks.table import render
+
+    result = {**_result(), "git_sha": "0123456789abcdef", "date": "2026-01-01T00:00:00+00:00"}
+    decode = render(result).splitlines()
+    assert "KV TB/s" in decode[2] and decode[4].startswith("| B1x32k | 40.0 | 3.00 | 0.70 | 35.0 | 3.00 |")
+    prefill = render({**result, "suite": "prefill"}).splitlines()
+    assert "TFLOP/s" in prefill[2] and "tpa / SDPA" in prefill[2]
+    cells = [c.strip() for c in prefill[5].strip("|").split("|")]  # B32x4k: tpa 2.5 TFLOP/s, SDPA 2.5
+    assert cells[0] == "B32x4k" and float(cells[5]) == round(2.5 / 2.5, 2)
+    assert len(prefill) == 6
+
+
 def test_bench_arguments(capsys):
     import pytest
 

@@ -687,6 +687,9 @@ def _cached_launch_plan(
         cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment}
         if dtype != torch.bfloat16:
             cfg.update(BLOCK_M=decode["BLOCK_M"], num_warps=decode["num_warps"])
+        elif cfg["BLOCK_M"] > 128:
+            # Row bits were checked equal across 16 to 128 rows (4 or 8 warps) only; taller tiles stay out.
+            cfg.update(BLOCK_M=128, num_warps=min(cfg["num_warps"], 8))
     # Query tokens per tile. Decode launches say 1 whatever the tile holds: one token sees every key below its
     # sequence length, which lets the kernel drop the causal mask (the tile's other rows are padding).
     block_q = 1 if max_seqlen_q == 1 else max(1, cfg["BLOCK_M"] // group)
