@@ -179,37 +179,31 @@ def _attend_range(
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
     [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after."""
-    if BLOCK_Q == 1 and not HAS_WINDOW:
-        # One query token: it sees every key below kv_len (a causal mask ends at its own position), so the per-key
-        # guard is all the masking needed, in one loop (one pipelined loop keeps decode's code and registers lean).
-        for start_n in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = _attend_tile(
-                acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
-                q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
-                stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
-                HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                DOT_PRECISION, False,
-            )  # fmt: skip
+    # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
+    # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
+    one_token = BLOCK_Q == 1 and not HAS_WINDOW
+    if one_token:
+        mid_lo, mid_hi = lo, hi
     else:
         mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
         mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
-        for phase in tl.static_range(3):  # masked, unmasked, masked: ascending tile order
-            if phase == 0:
-                start, stop = lo, mid_lo
-            elif phase == 1:
-                start, stop = mid_lo, mid_hi
-            else:
-                start, stop = mid_hi, hi
-            # (Without a window full_lo is 0: nothing lies before it, and no code is made for that range.)
-            if phase != 0 or HAS_WINDOW:
-                for start_n in range(start, stop, BLOCK_N):
-                    acc, m_i, l_i = _attend_tile(
-                        acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
-                        q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
-                        stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
-                        HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                        DOT_PRECISION, phase != 1,
-                    )  # fmt: skip
+    for phase in tl.static_range(3):  # masked, unmasked, masked: ascending tile order
+        if phase == 0:
+            start, stop = lo, mid_lo
+        elif phase == 1:
+            start, stop = mid_lo, mid_hi
+        else:
+            start, stop = mid_hi, hi
+        # No code for ranges that are always empty: before full_lo (0) without a window, after hi for one token.
+        if (phase == 0 and HAS_WINDOW) or phase == 1 or (phase == 2 and not one_token):
+            for start_n in range(start, stop, BLOCK_N):
+                acc, m_i, l_i = _attend_tile(
+                    acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+                    q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
+                    stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                    HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
+                    DOT_PRECISION, phase != 1,
+                )  # fmt: skip
     return acc, m_i, l_i
 
 
