@@ -2,7 +2,8 @@
 
 Run as a script without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess): the interpreter never
 compiles, so it cannot catch code that only the compiler rejects, nor configs that need more shared memory than
-the GPU has. Launch choices come from the same planner as real calls (heuristic configs, no tuned table).
+the GPU has. Launch choices come from the same planner as real calls: heuristic configs for the representative
+variants, then every entry of the shipped H200 table with the plan an H200 would get.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from pathlib import Path
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from triton_paged_ops import configs, plan
 from triton_paged_ops.kernels import attention, cache, merge
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -47,13 +50,13 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: d
 
 def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=128, group=4, num_seqs=4, max_q=1,
                       max_k=8192, window=-1, softcap=0.0, alibi=False, sinks=False, scales=False, rows=False,
-                      lse=False, invariant=False) -> dict:  # fmt: skip
+                      lse=False, invariant=False, device_index=None) -> dict:  # fmt: skip
     cache_dtype = cache_dtype or dtype
     lp = attention.attention_launch_plan(
         num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=16, dtype=dtype,
         cache_dtype=cache_dtype, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=True,
         window_left=window, softcap=softcap, has_alibi=alibi, has_sinks=sinks, has_k_scale=scales,
-        has_v_scale=scales, has_rows=rows, want_lse=lse, device_index=None, interpret=False,
+        has_v_scale=scales, has_rows=rows, want_lse=lse, device_index=device_index, interpret=False,
         batch_invariant=invariant,
     )  # fmt: skip
     split = lp.split.num_splits > 1
@@ -74,6 +77,28 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
                        "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
         out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), reduce_consts, {"num_warps": 4})
     return out
+
+
+def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
+    """Each entry of a shipped config table, compiled with the launch plan its GPU would get (the table's identity
+    and Triton version, ``num_sms`` SMs): tuned tiles plus every branch the kernel adds to them (the decode tile of
+    mixed batches) must fit the shared memory."""
+    data = json.loads(path.read_text())
+    results = []
+    for table in data["tables"]:
+        configs.device_identity = lambda device_index, t=table: (t["gpu"], t["capability"])
+        configs.triton_version = lambda t=table: t["triton"]
+        plan._num_sms = lambda device_index: num_sms
+        configs.reload()
+        for e in table["entries"]:
+            dtype, _, cache = e["dtype"].partition("+")
+            cache_dtype = getattr(torch, cache) if cache else None
+            max_q = {"decode": 1, "short": 8, "prefill": 512}[e["regime"]]
+            name = f"{table['gpu']} {e['dtype']} D{e['head_dim']} {e['regime']}"
+            results.append(attention_variant(name, dtype=getattr(torch, dtype), cache_dtype=cache_dtype,
+                                             head_dim=e["head_dim"], max_q=max_q, scales=cache_dtype is not None,
+                                             device_index=0))  # fmt: skip
+    return results
 
 
 def main() -> int:
@@ -104,6 +129,7 @@ def main() -> int:
                         HAS_K_SCALE=True, HAS_V_SCALE=True, K_SATURATE=448.0, V_SATURATE=448.0)  # fmt: skip
     results.append({"name": "reshape_and_cache fp8", "shared": _compile(
         cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, {"num_warps": 4})})  # fmt: skip
+    results += shipped_table_variants(configs.SHIPPED_DIR / "nvidia_h200.json")
     json.dump(results, sys.stdout)
     return 0
 

@@ -3,7 +3,9 @@
 The interpreter runs the kernels' Python, not the compiler: code only the compiler rejects, or a launch config that
 needs more shared memory than the GPU has, would otherwise first show on a GPU. ``tests/compile_sm90.py`` compiles
 representative variants (decode/split, short, prefill with every feature, fp8 cache, fp32, batch-invariant fold
-and split, each with its reduce) through Triton's own compiler and ptxas, in a process without the interpreter.
+and split, each with its reduce) and every entry of the shipped H200 config table (tuned tiles, with the decode
+tile that prefill launches add for mixed batches) through Triton's own compiler and ptxas, in a process without
+the interpreter.
 """
 
 from __future__ import annotations
@@ -29,5 +31,12 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     for r in results:
         used = [v for k, v in r.items() if k.endswith("shared")]
         assert used and all(0 <= v <= SM90_SHARED_BYTES for v in used), r
+    # Every shipped H200 table entry was compiled with its own tuned config.
+    shipped = json.loads((root / "triton_paged_ops" / "configs" / "nvidia_h200.json").read_text())
+    entries = [(t["gpu"], e) for t in shipped["tables"] for e in t["entries"]]
+    names = {r["name"]: r["plan"] for r in results if "plan" in r}
+    for gpu, e in entries:
+        plan = names[f"{gpu} {e['dtype']} D{e['head_dim']} {e['regime']}"]
+        assert all(f"'{k}': {v}" in plan for k, v in e["config"].items() if k in ("BLOCK_N", "num_stages")), plan
     # The batch-invariant split comes with its sequential reduce.
     assert any(r["name"].startswith("invariant decode") and "reduce_shared" in r for r in results)
