@@ -105,7 +105,7 @@ def reachable_variants(
                 found.setdefault(lp.variant(), (1, q, k))
             continue
         policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
-        key = (cfg["BLOCK_N"], cfg["SMALL_N"], policy, cfg.get("num_splits"))
+        key = (cfg["BLOCK_N"], policy, cfg.get("num_splits"))
         if key not in buckets_of:
             # The split plan depends on batch size and context bound only (not on q): find one (batch, context)
             # for each reachable (split?, power-of-two split count) once per tile width and policy.

@@ -489,23 +489,19 @@ def _paged_attention_kernel(
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
+    block_id = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = 0
     if SPLIT_KV:
         # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
         # instead of trailing after every other sequence's first segment.
         block_id = tl.program_id(0) // num_splits
         split = tl.program_id(0) % num_splits
-        kv_head = tl.program_id(1)
-    elif ONE_BLOCK_PER_SEQ:
-        block_id = tl.program_id(0)
-        split = 0
-        kv_head = tl.program_id(1)
-    else:
+    elif not ONE_BLOCK_PER_SEQ:
         # KV heads vary fastest in dispatch order (x, then y), so the first wave holds every head's first blocks.
-        num_kv_heads = tl.num_programs(1)
         linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        block_id = linear // num_kv_heads
-        kv_head = linear % num_kv_heads
-        split = 0
+        block_id = linear // tl.num_programs(1)
+        kv_head = linear % tl.num_programs(1)
 
     if ONE_BLOCK_PER_SEQ:
         # Every sequence fits one query block (decode): block b is sequence b, no search needed.
@@ -585,13 +581,11 @@ def split_plan_for(
     if batch_invariant:
         return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"],
                                     num_seqs * max_seqlen_q, token_bytes)  # fmt: skip
-    # Segment edges are tile edges for both tile widths (powers of two: the wider one's edges are the other's too).
-    block_n = max(cfg["BLOCK_N"], cfg.get("SMALL_N", 0))
     if "num_splits" in cfg:
-        return forced_split_plan(cfg["num_splits"], max_seqlen_k, block_n)
+        return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
-    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, block_n, num_sms, **policy,
+    return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy,
                        block_q=block_q, token_bytes=token_bytes)  # fmt: skip
 
 
@@ -692,8 +686,8 @@ def _cached_launch_plan(
         # One-token sequences in a launch of taller tiles (a mixed batch) take the decode tile.
         small = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
         small_m = min(small["BLOCK_M"], max(16, triton.next_power_of_2(group)))
-        # No wider than the launch's own KV tile: the kernel's shared memory is the larger branch's, and the tall
-        # tiles set the pipeline depth.
+        # No wider than the launch's own KV tile: the kernel's shared memory is the larger branch's, the tall tiles
+        # set the pipeline depth, and segment edges (multiples of BLOCK_N, powers of two) stay tile edges for both.
         small_n = min(small["BLOCK_N"], cfg["BLOCK_N"])
         if small_m >= cfg["BLOCK_M"]:
             small_m = small_n = 0
