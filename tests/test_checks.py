@@ -63,7 +63,9 @@ BAD = [
         "block_table_rows must have B=2 entries",
     ),
     ("max_seqlen_k", lambda a: a.update(max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
-    ("scale", lambda a: a.update(scale=float("nan")), "scale must be finite"),
+    ("scale", lambda a: a.update(scale=float("nan")), "scale must be finite and > 0"),
+    ("scale", lambda a: a.update(scale=0.0), "scale must be finite and > 0"),
+    ("scale", lambda a: a.update(scale=-0.1), "scale must be finite and > 0"),
 ]
 
 if torch.version.hip is None:  # the AMD fp8 format is accepted on ROCm builds only

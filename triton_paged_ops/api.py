@@ -32,7 +32,7 @@ _ATTENTION_PARAMS = """
         Host-side upper bounds of the query lengths and of ``seq_lens`` (used to pick tile sizes and to check
         that ``block_table`` is wide enough; never read from the device).
     scale : float
-        Multiplier of ``q . k`` (usually ``D ** -0.5``).
+        Multiplier of ``q . k`` (usually ``D ** -0.5``); finite and > 0.
     causal : bool, default True
         Bottom-right aligned causal mask: query ``i`` of a sequence with ``n`` new tokens and ``m`` keys sits at
         position ``pos = m - n + i`` and sees keys ``j <= pos``.
@@ -46,7 +46,7 @@ _ATTENTION_PARAMS = """
     sinks : Tensor [Hq], float32, optional
         A per-head logit that joins the softmax denominator only (attention sinks, as in gpt-oss).
     k_scale, v_scale : Tensor [1], float32, optional
-        Dequantisation scales of the caches: keys are read as ``k_cache * k_scale``, values as
+        Dequantisation scales of the caches (> 0): keys are read as ``k_cache * k_scale``, values as
         ``v_cache * v_scale``.
     block_table_rows : Tensor [B], int32 or int64, optional
         Row of ``block_table`` that holds sequence ``b``'s pages, so a request pool's table (e.g. SGLang's

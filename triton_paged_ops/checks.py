@@ -156,8 +156,8 @@ def check_attention_args(
         raise ValueError(
             f"block_table too narrow: {bt_shape[1]} pages x page_size {page_size} < max_seqlen_k={max_seqlen_k}"
         )
-    if scale != scale or abs(scale) == float("inf"):
-        raise ValueError(f"scale must be finite, got {scale}")
+    if not 0.0 < scale < float("inf"):
+        raise ValueError(f"scale must be finite and > 0, got {scale}")
     if window_left < -1:
         raise ValueError(f"window_left must be -1 (no window) or >= 0, got {window_left}")
     if not 0.0 <= softcap < float("inf"):

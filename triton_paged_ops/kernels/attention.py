@@ -45,6 +45,7 @@ from triton_paged_ops.plan import (
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
+RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)  # base-2 headroom of the lazy running max (p <= 256)
 
 
 @triton.jit
@@ -132,7 +133,12 @@ def _attend_tile(
         mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
         other=0.0,
     )
-    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+    # Without a cap or ALiBi the scale is applied inside the exponent's fma (one instruction per score instead of a
+    # multiply and a subtraction); it is positive there (_attend_block), so the row max scales with it exactly.
+    FOLD_SCALE: tl.constexpr = not HAS_SOFTCAP and not HAS_ALIBI
+    if not FOLD_SCALE:
+        s = s * qk_scale
     # Scores are in base 2 (the factor LOG2E sits in qk_scale, or in the cap, and in the ALiBi slopes): no separate
     # multiply feeds the softmax's subtraction, which the compiler could fuse differently per kernel variant.
     if HAS_SOFTCAP:
@@ -152,19 +158,26 @@ def _attend_tile(
         # (Padding rows score keys too; their q is 0 and their output is never stored.)
         s = tl.where(key_valid[None, :], s, float("-inf"))
 
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_cand = tl.maximum(m_i, tl.max(s, 1) * qk_scale) if FOLD_SCALE else tl.maximum(m_i, tl.max(s, 1))
+    # Lazy rescaling: a row's running max moves only when its scores pass it by more than RESCALE_SLACK (base 2),
+    # so p <= 2^RESCALE_SLACK and most tiles rescale nothing; the result is exact either way (out and lse use the
+    # same max as the sums), and a row's choices depend on its own scores only.
+    m_new = tl.where(m_cand > m_i + RESCALE_SLACK, m_cand, m_i)
     # Rows that have seen no key yet keep m = -inf; subtracting 0 instead avoids (-inf) - (-inf) = NaN.
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp2(s - m_safe[:, None])
+    p = tl.exp2(tl.fma(s, qk_scale, -m_safe[:, None])) if FOLD_SCALE else tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
+    # alpha is exactly 1 where the max stayed: skip the tile's accumulator multiply when no row moved.
+    if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
+        acc = acc * alpha[:, None]
 
     v = tl.load(
         v_cache_ptr + v_row[:, None] + offs_dv[None, :],
         mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
         other=0.0,
     )
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -335,6 +348,10 @@ def _attend_block(
         qk_scale = qk_scale * tl.load(k_scale_ptr)
     if not HAS_SOFTCAP:
         qk_scale = qk_scale * LOG2E
+    if not HAS_SOFTCAP and not HAS_ALIBI:
+        # The scale is folded into the exponent (_attend_tile), which needs it > 0: scale > 0 is checked on the host,
+        # and a k_scale of 0 becomes the smallest normal float (scores ~0: uniform weights) instead of NaNs.
+        qk_scale = tl.maximum(qk_scale, 1.1754943508222875e-38)
     if FP8_VIA_FP16:
         # fp8 -> fp16 is one native conversion per two values, fp8 -> bf16 several: a bf16 query meets an fp8
         # cache in fp16 (P too), with the score scale folded into q first so that it fits fp16's range.
