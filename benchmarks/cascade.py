@@ -15,6 +15,7 @@ import torch
 import triton_paged_ops as tpa
 from triton_paged_ops.bench import finish, hbm_ceilings, time_graph
 from triton_paged_ops.cascade import own_level, prefix_level
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 
 def run(requests: int, prefix: int, own: int, page_size: int = 16, seed: int = 0) -> dict:
@@ -48,9 +49,9 @@ def run(requests: int, prefix: int, own: int, page_size: int = 16, seed: int = 0
     parts = {
         "own_level_us": time_graph(lambda: own_level(q, k_cache, v_cache, mine, cu, own_lens, 1, own, scale)),
         "prefix_level_us": time_graph(lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale)),
-        # The prefix level with all queries as one sequence (fewer prefix reads, prefill tiles, planner's splits).
-        "prefix_level_one_sequence_us": time_graph(
-            lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale, chunk=requests)
+        # The prefix level as chunks of MAX_SPLIT_Q_LEN queries (decode-like tiles, one prefix read per chunk).
+        "prefix_level_chunked_us": time_graph(
+            lambda: prefix_level(q, k_cache, v_cache, shared, prefix, scale, chunk=MAX_SPLIT_Q_LEN)
         ),
         "merge_us": time_graph(lambda: tpa.merge_attn_states(pre_out, pre_lse, own_out, own_lse)),
     }

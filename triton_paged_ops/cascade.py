@@ -3,13 +3,12 @@ group of queries instead of once per request.
 
 Two levels, each an ordinary ``tpa`` call, merged exactly with ``merge_attn_states``:
 
-1. The prefix, attended by every query token of the batch. The tokens are cut into chunks of at most
-   ``MAX_SPLIT_Q_LEN`` (whatever request they belong to) and each chunk is one "sequence" over the prefix pages —
-   all chunks point at the same block-table row (``block_table_rows``), so a prefix page is read once per chunk
-   (64 decode requests: 4 reads instead of 64), and short chunks split the prefix's keys over many programs, so even
-   one long prefix fills the GPU. (One sequence of all tokens reads the prefix fewer times but runs as a prefill
-   with larger tiles: slower on an H200, see benchmarks/NOTES.md.) The prefix lies before every query, so this
-   level has no causal mask.
+1. The prefix, attended by every query token of the batch as ONE "sequence" over the prefix pages (block-table row
+   ``prefix_pages``), so each prefix page is read once per batch and once per query tile: the tokens' packed rows
+   form prefill-sized tiles (64 decode requests x 4 query heads per KV head = one 256-row tile on an H200), and
+   the planner splits the prefix's keys over programs when those tiles are too few to fill the GPU. Measured on an
+   H200 (benchmarks/NOTES.md) faster than chunks of ``MAX_SPLIT_Q_LEN`` tokens, which read the prefix once per
+   chunk with small decode-like tiles. The prefix lies before every query, so this level has no causal mask.
 2. Each request's own keys after the prefix (its pages, its new tokens included), causal as usual.
 """
 
@@ -18,7 +17,6 @@ from __future__ import annotations
 import torch
 
 import triton_paged_ops.ops  # noqa: F401  (registers torch.ops.tpa.*)
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 
 def cascade_attention(
@@ -91,14 +89,14 @@ def own_level(q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seql
 def prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, *, softcap=0.0, k_scale=None,
                  v_scale=None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Level 1 of ``cascade_attention``: every query token over the shared prefix; (out, lse). ``chunk``: query
-    tokens per "sequence" over the prefix (default ``MAX_SPLIT_Q_LEN``; never more than ``prefix_len``)."""
+    tokens per "sequence" over the prefix (default: all of them; never more than ``prefix_len``)."""
     if prefix_pages.dim() != 1 or prefix_pages.shape[0] * k_cache.shape[1] < prefix_len:
         raise ValueError(
             f"prefix_pages must be [P] with P * page_size >= prefix_len={prefix_len}, got {tuple(prefix_pages.shape)}"
         )
     num_tokens = q.shape[0]
     # (A chunk never has more queries than the prefix has keys, as the ops' lengths contract asks.)
-    chunk = max(1, min(chunk or MAX_SPLIT_Q_LEN, num_tokens, prefix_len))
+    chunk = max(1, min(chunk or num_tokens, num_tokens, prefix_len))
     chunks = -(-num_tokens // chunk)
     cu_chunks = torch.clamp(torch.arange(chunks + 1, device=q.device, dtype=torch.int32) * chunk, max=num_tokens)
     return torch.ops.tpa.paged_attention_with_lse(
