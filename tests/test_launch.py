@@ -27,7 +27,7 @@ def test_key_separates_what_triton_specialises_on():
     base = torch.zeros(64, dtype=torch.float16)
 
     def key(t, spec_int, dns_int):
-        return launcher._key((t, spec_int, dns_int), 0, "v")
+        return launcher.key((t, spec_int, dns_int), 0, "v")
 
     k = key(base, 32, 5)
     # Same class: another 16-aligned tensor, another multiple of 16, another small unspecialised value.
@@ -40,8 +40,8 @@ def test_key_separates_what_triton_specialises_on():
     assert key(base, 32 << 31, 5) is None and key(base, 32, -5 << 31) is None
     assert key(base, 32, 1) == k  # an unspecialised 1 is just an int
     assert key(base, 0, 5) == k  # 0 is divisible by 16
-    assert launcher._key((base, 32, 5), 1, "v") != k  # device
-    assert launcher._key((base, 32, 5), 0, "w") != k  # constexprs / options
+    assert launcher.key((base, 32, 5), 1, "v") != k  # device
+    assert launcher.key((base, 32, 5), 0, "w") != k  # constexprs / options
 
 
 def _layouts(p):
@@ -83,3 +83,81 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context):
     assert attention._launch_attention.short_launches >= short[0] + 2 * 3  # at least two per layout took it
     if context > 1024:
         assert merge._launch_reduce.short_launches >= short[1] + 2 * 3
+
+
+def _small_problem(device, seed=5):
+    spec = Spec(q_lens=[1, 3], kv_lens=[40, 21], pad_tokens=2, page_size=16, num_kv_heads=2, group=2, head_dim=32,
+                head_dim_v=32, dtype=torch.float32, causal=True, window_left=-1, softcap=0.0, use_alibi=False,
+                use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=1, extra_cols=0,
+                tiles=None, seed=seed)  # fmt: skip
+    return spec, build(spec, device)
+
+
+def test_repeated_metadata_reuses_the_prepared_launch_and_new_metadata_is_checked_again():
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec, p = _small_problem(device)
+    ref = reference.paged_attention(*p.args[:6], spec.scale, **p.kwargs)
+    rows = p.num_real_tokens
+    attention.PREPARED.clear()
+    first = tpa.paged_attention(*p.args, **p.kwargs)
+    assert len(attention.PREPARED) == 1
+    again = tpa.paged_attention(*p.args, **p.kwargs)
+    assert len(attention.PREPARED) == 1, "same metadata must reuse the prepared launch"
+    assert again.data_ptr() != first.data_ptr(), "each call of paged_attention returns a new tensor"
+    assert torch.equal(again[:rows], first[:rows])
+    assert_close_to_reference(again, None, ref, None, spec.dtype, rows)
+
+    # Other tensors with the same metadata: the prepared launch applies to their contents.
+    q2 = torch.randn_like(p.q)
+    got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
+    assert len(attention.PREPARED) == 1
+    want = reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(got, None, want, None, spec.dtype, rows)
+
+    # A host value that changes the result (scale) is part of the key: a second entry, the right answer.
+    q, k, v, bt, cu, lens, max_q, max_k, _ = p.args
+    got = tpa.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, 0.05, **p.kwargs)
+    assert len(attention.PREPARED) == 2
+    assert_close_to_reference(got, None, reference.paged_attention(q, k, v, bt, cu, lens, 0.05, **p.kwargs), None,
+                              spec.dtype, rows)  # fmt: skip
+
+    # After hits, invalid metadata still meets the checks (and adds no entry).
+    with pytest.raises(TypeError, match="block_table"):
+        tpa.paged_attention(q, k, v, bt.long(), cu, lens, max_q, max_k, spec.scale, **p.kwargs)
+    with pytest.raises(ValueError, match="max_seqlen_k"):
+        tpa.paged_attention(q, k, v, bt, cu, lens, max_q, bt.shape[1] * 16 + 1, spec.scale, **p.kwargs)
+    with pytest.raises(ValueError, match="scale"):
+        tpa.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, float("nan"), **p.kwargs)
+    with pytest.raises(ValueError, match="out must have shape"):
+        tpa.paged_attention_out(q, k, v, bt, cu, lens, max_q, max_k, spec.scale, out=first[:1])
+    assert len(attention.PREPARED) == 2
+
+    # A config override (another plan for the same metadata) starts from a clean slate and leaves one behind.
+    with attention.attention_config_override(BLOCK_N=16, num_splits=2):
+        assert not attention.PREPARED
+        got = tpa.paged_attention(*p.args, **p.kwargs)
+        assert attention.PREPARED and next(iter(attention.PREPARED.values())).plan.split.num_splits == 2
+        assert_close_to_reference(got, None, ref, None, spec.dtype, rows)
+    assert not attention.PREPARED
+
+
+@pytest.mark.gpu
+def test_prepared_launches_follow_each_calls_alignment_with_same_bits():
+    """Same metadata, addresses of different 16-byte alignment: each call must run the variant Triton picks for it."""
+    spec, p = _small_problem("cuda", seed=6)
+    flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype, device="cuda")
+    unaligned = flat[1:].view(p.q.shape).copy_(p.q)
+    want, was = {}, checks.debug_mode()
+    checks.set_debug_mode(True)  # Triton's own choice on every launch, no prepared launches
+    try:
+        for name, q in (("aligned", p.q), ("unaligned", unaligned)):
+            want[name] = tpa.paged_attention_with_lse(q, *p.args[1:], **p.kwargs)
+    finally:
+        checks.set_debug_mode(was)
+    attention.PREPARED.clear()
+    for _ in range(3):
+        for name, q in (("aligned", p.q), ("unaligned", unaligned)):
+            out, lse = tpa.paged_attention_with_lse(q, *p.args[1:], **p.kwargs)
+            rows = p.num_real_tokens
+            assert torch.equal(out[:rows], want[name][0][:rows]) and torch.equal(lse[:rows], want[name][1][:rows])
+    assert len(attention.PREPARED) == 1

@@ -85,10 +85,10 @@ def paged_attention(
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
 ) -> torch.Tensor:
+    # Positional arguments: the dispatcher parses keywords against the schema one by one (several µs per call).
     return torch.ops.tpa.paged_attention(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-        causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, batch_invariant=batch_invariant,
+        causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
     )  # fmt: skip
 
 
@@ -135,8 +135,7 @@ def paged_attention_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.ops.tpa.paged_attention_with_lse(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-        causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, batch_invariant=batch_invariant,
+        causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
     )  # fmt: skip
 
 
@@ -176,8 +175,7 @@ def paged_attention_out(
 ) -> None:
     torch.ops.tpa.paged_attention_out(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-        causal=causal, window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, block_table_rows=block_table_rows, batch_invariant=batch_invariant,
+        causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
         out=out, lse=lse,
     )  # fmt: skip
 

@@ -247,6 +247,9 @@ def _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
 
 
 _config_override: dict[str, int] = {}
+# Prepared launches by call metadata (ops.py fills it): cleared whenever what a plan depends on may change (a config
+# override entered or left, the tables reloaded).
+PREPARED: dict[tuple, object] = {}
 
 
 @contextlib.contextmanager
@@ -261,10 +264,12 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     if unknown:
         raise ValueError(f"unknown attention config keys: {sorted(unknown)}")
     previous, _config_override = _config_override, dict(sorted(cfg.items()))
+    PREPARED.clear()
     try:
         yield
     finally:
         _config_override = previous
+        PREPARED.clear()
 
 
 def select_attention_config(
@@ -739,6 +744,110 @@ _KERNEL_IDS: dict[tuple, int] = {}
 _launch_attention = Launcher(_paged_attention_kernel, num_tensors=13, num_floats=2)
 
 
+@dataclasses.dataclass
+class PreparedLaunch:
+    """The host part of one attention call that depends on metadata only (shapes, strides, dtypes, bounds, flags):
+    computed once per distinct metadata, so a repeated call only gathers its tensors and launches."""
+
+    plan: LaunchPlan
+    grid: tuple[int, int]
+    tail: tuple  # the kernel's float and int arguments, in order
+    num_tokens: int
+    num_q_heads: int
+    head_dim_v: int
+    num_seqs: int
+    fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
+
+
+def prepare_attention_launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    block_table_rows: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    interpret: bool,
+    batch_invariant: bool = False,
+) -> PreparedLaunch | None:
+    """Plan one launch over validated arguments from their metadata alone (None: nothing to compute)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_pages, page_size, num_kv_heads, _ = k_cache.shape
+    head_dim_v, num_seqs = v_cache.shape[-1], seq_lens.shape[0]
+    if num_seqs == 0 or num_tokens == 0:
+        return None
+    lp = _cached_launch_plan(
+        tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
+        k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, alibi_slopes is not None,
+        sinks is not None, k_scale is not None, v_scale is not None, block_table_rows is not None, lse is not None,
+        None if interpret else q.device.index, interpret, batch_invariant,
+    )  # fmt: skip
+    plan = lp.split
+    if plan.num_splits > 1:
+        # The workspace (allocated per call, contiguous): [S, T, Hq, Dv] partial outputs, [S, T, Hq] lse.
+        o_strides = (num_tokens * num_q_heads * head_dim_v, num_q_heads * head_dim_v, head_dim_v)
+        l_strides = (num_tokens * num_q_heads, num_q_heads, 1)
+    else:
+        o_strides = (0, *out.stride()[:2])
+        l_strides = (0, *(lse if lse is not None else out).stride()[:2])
+    num_blocks = num_seqs if lp.one_block else num_tokens // lp.block_q + num_seqs
+    tail = (
+        float(scale), float(softcap), window_left, num_seqs, num_tokens, *reversed(block_table.shape), num_pages,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
+        block_table.stride(0), plan.segment_len, plan.num_splits,
+    )  # fmt: skip
+    return PreparedLaunch(lp, (num_blocks * plan.num_splits, num_kv_heads), tail, num_tokens, num_q_heads,
+                          head_dim_v, num_seqs)  # fmt: skip
+
+
+def run_attention_launch(
+    p: PreparedLaunch,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    block_table_rows: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    wrap=None,
+) -> None:
+    """Launch a prepared call on tensors whose metadata is the one it was prepared from."""
+    lp = p.plan
+    splits = lp.split.num_splits
+    if splits > 1:
+        dst_out = q.new_empty(splits, p.num_tokens, p.num_q_heads, p.head_dim_v, dtype=torch.float32)
+        dst_lse = q.new_empty(splits, p.num_tokens, p.num_q_heads, dtype=torch.float32)
+    else:
+        dst_out, dst_lse = out, lse if lse is not None else out
+    # Absent optional tensors are never read (their constexpr flags are off): q stands in for the pointer.
+    args = (
+        q, k_cache, v_cache, dst_out, dst_lse, block_table,
+        block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
+        alibi_slopes if alibi_slopes is not None else q, sinks if sinks is not None else q,
+        k_scale if k_scale is not None else q, v_scale if v_scale is not None else q, *p.tail,
+    )  # fmt: skip
+    p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key)
+    if splits > 1:
+        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, p.num_seqs, out, lse, lp.batch_invariant, wrap)
+
+
 def _launch_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -762,46 +871,22 @@ def _launch_paged_attention(
     interpret: bool,
     batch_invariant: bool = False,
     wrap=None,
-) -> None:
+) -> PreparedLaunch | None:
     """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
+    Returns the prepared launch (None: nothing to compute), which ``run_attention_launch`` can repeat.
 
     ``wrap``, if given, is applied to each kernel before launch (``torch.library.wrap_triton`` inside a
     ``triton_op``).
     """
-    num_tokens, num_q_heads, head_dim = q.shape
-    num_pages, page_size, num_kv_heads, _ = k_cache.shape
-    head_dim_v, num_seqs = v_cache.shape[-1], seq_lens.shape[0]
-    if num_seqs == 0 or num_tokens == 0:
-        return
-    lp = _cached_launch_plan(
-        tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
-        k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, alibi_slopes is not None,
-        sinks is not None, k_scale is not None, v_scale is not None, block_table_rows is not None, lse is not None,
-        None if interpret else q.device.index, interpret, batch_invariant,
+    p = prepare_attention_launch(
+        q, k_cache, v_cache, block_table, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal, window_left, softcap,
+        alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, interpret, batch_invariant,
     )  # fmt: skip
-    plan = lp.split
-    dst_out, dst_lse = out, lse if lse is not None else out
-    if plan.num_splits > 1:
-        dst_out = q.new_empty(plan.num_splits, num_tokens, num_q_heads, head_dim_v, dtype=torch.float32)
-        dst_lse = q.new_empty(plan.num_splits, num_tokens, num_q_heads, dtype=torch.float32)
-    o_strides = dst_out.stride() if plan.num_splits > 1 else (0, *out.stride()[:2])
-    l_strides = dst_lse.stride() if plan.num_splits > 1 else (0, *dst_lse.stride()[:2])
-    num_blocks = num_seqs if lp.one_block else num_tokens // lp.block_q + num_seqs
-    grid = (num_blocks * plan.num_splits, num_kv_heads)
-    args = (
-        q, k_cache, v_cache, dst_out, dst_lse, block_table,
-        block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
-        alibi_slopes if alibi_slopes is not None else q,
-        sinks if sinks is not None else q,
-        k_scale if k_scale is not None else q,
-        v_scale if v_scale is not None else q,
-        float(scale), float(softcap), window_left, num_seqs, num_tokens, *reversed(block_table.shape), num_pages,
-        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides[:3], *l_strides[:3],
-        block_table.stride(0), plan.segment_len, plan.num_splits,
-    )  # fmt: skip
-    _launch_attention(grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap)
-    if plan.num_splits > 1:
-        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, num_seqs, out, lse, batch_invariant, wrap)
+    if p is not None:
+        run_attention_launch(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, alibi_slopes, sinks,
+                             k_scale, v_scale, block_table_rows, out, lse, wrap)  # fmt: skip
+    return p
 
 
 configs.on_reload(_cached_launch_plan.cache_clear)
+configs.on_reload(PREPARED.clear)

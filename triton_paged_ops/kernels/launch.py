@@ -46,61 +46,80 @@ class Launcher:
         self.cache: dict[tuple, _Entry] = {}
         self.short_launches = 0  # how many launches took the short path (for tests and benchmarks)
 
-    def _key(self, args: tuple, device: int, static) -> tuple | None:
-        """What Triton specialises on, for these arguments: tensor dtypes and 16-byte alignment, and for ints their
-        width and (unless ``do_not_specialize``) value 1 or divisibility by 16. None: an int needs 64 bits (rare;
-        Triton's own path handles it)."""
-        tensors = args[self.tensors]
+    def fixed_key(self, args: tuple, device: int, static) -> tuple | None:
+        """The part of the key that does not depend on tensor addresses: tensor dtypes, and for ints their width and
+        (unless ``do_not_specialize``) value 1 or divisibility by 16. None: an int needs 64 bits (rare; Triton's own
+        path handles it). Calls whose tensors have the same dtypes and whose ints are the same may reuse it."""
         spec = [args[i] for i in self.spec_ints]
         ints = spec + [args[i] for i in self.other_ints]
         if ints and (max(ints) >= _INT32 or min(ints) < -_INT32):
             return None
-        return (
-            device, static, tuple([t.dtype for t in tensors]), tuple([t.data_ptr() % 16 == 0 for t in tensors]),
-            tuple([v == 1 or (v % 16 == 0 and 2) for v in spec]),
-        )  # fmt: skip
+        dtypes = tuple([t.dtype for t in args[self.tensors]])
+        return (device, static, dtypes, tuple([v == 1 or (v % 16 == 0 and 2) for v in spec]))
 
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None):
-        """Launch ``kernel[grid](*args, **constexprs, **options)``.
+    def key(self, args: tuple, device: int, static) -> tuple | None:
+        """The whole cache key of a launch with these arguments: the fixed part and the tensors' 16-byte alignment."""
+        fixed = self.fixed_key(args, device, static)
+        return None if fixed is None else (fixed, tuple([t.data_ptr() % 16 == 0 for t in args[self.tensors]]))
+
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None, fixed=None):
+        """Launch ``kernel[grid](*args, **constexprs, **options)``; returns the fixed key it used (or None).
 
         ``static`` must identify ``constexprs`` and ``options`` (e.g. a launch plan's variant key): it is part of
-        the cache key in their place, so they are not hashed per call. ``wrap`` (e.g. ``torch.library.wrap_triton``)
-        takes Triton's own path through the wrapped kernel.
+        the cache key in their place, so they are not hashed per call. ``fixed``: what ``fixed_key`` returned for
+        an earlier call with the same dtypes and non-tensor arguments (saves recomputing it). ``wrap`` (e.g.
+        ``torch.library.wrap_triton``) takes Triton's own path through the wrapped kernel.
         """
         global _enabled
         if wrap is not None:
-            return wrap(self.kernel)[grid](*args, **constexprs, **options)
-        key = None if self.interpreted or not _enabled else self._key(args, args[0].device.index, static)
-        if key is None:
-            return self.kernel[grid](*args, **constexprs, **options)
+            wrap(self.kernel)[grid](*args, **constexprs, **options)
+            return None
+        if self.interpreted or not _enabled:
+            self.kernel[grid](*args, **constexprs, **options)
+            return None
+        tensors = args[self.tensors]
+        if fixed is None:
+            fixed = self.fixed_key(args, tensors[0].device.index, static)
+            if fixed is None:
+                self.kernel[grid](*args, **constexprs, **options)
+                return None
+        # Addresses, read once: their 16-byte alignment completes the key, and the compiled launcher takes them as
+        # ints (a tensor there costs a method call and a driver query each).
+        ptrs = [t.data_ptr() for t in tensors]
+        key = (fixed, tuple([p % 16 == 0 for p in ptrs]))
         entry = self.cache.get(key)
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs, **options)
             rest = self.kernel.params[len(args) :]
             if all(p.is_constexpr and p.name in constexprs for p in rest):
                 self.cache[key] = _Entry(compiled, tuple(constexprs[p.name] for p in rest))
-            return compiled
+            return fixed
         compiled = entry.compiled
         if checks.debug_mode():
             chosen = self.kernel.warmup(*args, grid=grid, **constexprs, **options)
             if chosen is not compiled:
                 raise RuntimeError(f"{self.kernel.fn.__name__}: the short launch path picked another compiled kernel "
                                    "than Triton would; report this with the call's shapes and strides")  # fmt: skip
-        full = args + entry.tail
         try:
-            stream = driver.active.get_current_stream(key[0])
+            stream = driver.active.get_current_stream(fixed[0])
             g1 = grid[1] if len(grid) > 1 else 1
             g2 = grid[2] if len(grid) > 2 else 1
             runtime = triton.knobs.runtime
             enter = runtime.launch_enter_hook
-            # Launch metadata only feeds the enter hook (profilers): skip building it when none is set.
-            meta = compiled.launch_metadata(grid, stream, *full) if enter is not None else None
+            if enter is None:
+                full = (*ptrs, *args[self.tensors.stop :], *entry.tail)
+                meta = None
+            else:
+                # Launch metadata feeds the enter hook (profilers), which may read the tensors themselves.
+                full = args + entry.tail
+                meta = compiled.launch_metadata(grid, stream, *full)
             compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter,
                          runtime.launch_exit_hook, *full)  # fmt: skip
         except (AttributeError, TypeError):
             # Another Triton's launcher interface: take Triton's own path from now on.
             _enabled = False
             self.cache.clear()
-            return self.kernel[grid](*args, **constexprs, **options)
+            self.kernel[grid](*args, **constexprs, **options)
+            return None
         self.short_launches += 1
-        return compiled
+        return fixed
