@@ -62,6 +62,18 @@ BAD = [
         lambda a: a.update(block_table_rows=torch.tensor([1], dtype=I32, device=DEVICE)),
         "block_table_rows must have B=2 entries",
     ),
+    # The kernels read 1-D index tensors with unit stride: strided views must be refused.
+    (
+        "cu_seqlens_q",
+        lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].repeat_interleave(2)[::2]),
+        "cu_seqlens_q must be contiguous",
+    ),
+    ("seq_lens", lambda a: a.update(seq_lens=a["seq_lens"].repeat_interleave(2)[::2]), "seq_lens must be contiguous"),
+    (
+        "block_table_rows",
+        lambda a: a.update(block_table_rows=torch.tensor([0, 9, 1, 9], dtype=I32, device=DEVICE)[::2]),
+        "block_table_rows must be contiguous",
+    ),
     ("max_seqlen_k", lambda a: a.update(max_seqlen_k=-1), "max_seqlen_k must be >= 0"),
     ("scale", lambda a: a.update(scale=float("nan")), "scale must be finite and > 0"),
     ("scale", lambda a: a.update(scale=0.0), "scale must be finite and > 0"),
@@ -96,6 +108,8 @@ def test_bad_argument_is_named(name, mutate, message):
         ({"alibi_slopes": torch.ones(4)}, "alibi_slopes must have shape"),
         ({"alibi_slopes": torch.ones(8, dtype=torch.float16)}, "alibi_slopes must have dtype"),
         ({"sinks": torch.ones(2, 4)}, "sinks must have 1 dims"),
+        ({"sinks": torch.ones(16)[::2]}, "sinks must be contiguous"),
+        ({"alibi_slopes": torch.ones(16)[::2]}, "alibi_slopes must be contiguous"),
         ({"k_scale": torch.ones(2)}, "k_scale must have exactly 1 element"),
         ({"v_scale": torch.ones(1, dtype=torch.float64)}, "v_scale must be float32"),
     ],
@@ -134,6 +148,8 @@ def test_cache_write_checks():
         tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), slots[:2])
     with pytest.raises(TypeError, match="slot_mapping must have dtype"):
         tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), slots.float())
+    with pytest.raises(ValueError, match="slot_mapping must be contiguous"):
+        tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), slots.repeat_interleave(2)[::2])
 
 
 def test_merge_checks():

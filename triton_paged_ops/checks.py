@@ -71,7 +71,7 @@ def _check_cache_dtype(name: str, t: torch.Tensor) -> None:
 def _check_per_head(name: str, t: torch.Tensor | None, num_q_heads: int, device: torch.device) -> None:
     if t is None:
         return
-    _check_tensor(name, t, 1, (torch.float32,), device, last_contiguous=False)
+    _check_tensor(name, t, 1, (torch.float32,), device)
     _require(t.shape[0] == num_q_heads, lambda: f"{name} must have shape [Hq={num_q_heads}], got {tuple(t.shape)}")
 
 
@@ -113,8 +113,9 @@ def check_attention_args(
     v_shape = _check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
     _check_cache_dtype("k_cache", k_cache)
     bt_shape = _check_tensor("block_table", block_table, 2, (torch.int32,), dev)
-    (cu_len,) = _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), dev, last_contiguous=False)
-    (batch,) = _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev, last_contiguous=False)
+    # 1-D index tensors are read with unit stride: a strided view (every other entry) is refused, not misread.
+    (cu_len,) = _check_tensor("cu_seqlens_q", cu_seqlens_q, 1, (torch.int32,), dev)
+    (batch,) = _check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev)
     num_pages, page_size, num_kv_heads, head_dim_k = k_shape
     if k_cache.dtype != v_cache.dtype:
         raise ValueError(f"k_cache ({k_cache.dtype}) and v_cache ({v_cache.dtype}) dtypes differ")
@@ -142,7 +143,7 @@ def check_attention_args(
             raise ValueError(f"block_table must have B={batch} rows (B = len(seq_lens)), got {bt_shape[0]}")
     else:
         (n_rows,) = _check_tensor(
-            "block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev, last_contiguous=False
+            "block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev
         )
         if n_rows != batch:
             raise ValueError(f"block_table_rows must have B={batch} entries (B = len(seq_lens)), got {n_rows}")
@@ -236,7 +237,7 @@ def check_cache_args(
     _check_tensor("k_cache", k_cache, 4, CACHE_DTYPES, dev)
     _check_tensor("v_cache", v_cache, 4, CACHE_DTYPES, dev)
     _check_cache_dtype("k_cache", k_cache)
-    _check_tensor("slot_mapping", slot_mapping, 1, (torch.int32, torch.int64), dev, last_contiguous=False)
+    _check_tensor("slot_mapping", slot_mapping, 1, (torch.int32, torch.int64), dev)
     n, num_kv_heads, head_dim = key.shape
     _require(
         tuple(value.shape[:2]) == (n, num_kv_heads),
