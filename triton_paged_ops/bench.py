@@ -196,18 +196,23 @@ def sdpa_dense_us(case: Case, seed: int) -> float:
     return time_graph(lambda: [sdpa(q, k, v, **kw) for q, k, v, kw in calls])
 
 
-def host_time_us(fn, calls: int = 300, warmup: int = 10) -> float:
-    """Mean wall time of ``fn()`` in µs over ``calls`` back-to-back calls, device work included at the end."""
+def host_time_us(fn, calls: int = 300, warmup: int = 10, repeats: int = 5) -> float:
+    """Wall time of one ``fn()`` in µs: the median over ``repeats`` runs of the mean of ``calls`` back-to-back calls
+    (device work included at the end of each run). The median, because a shared host's hiccups skew single runs."""
+    import statistics
     import time
 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(runs)
 
 
 def host_overhead_us(calls: int = 300) -> float:

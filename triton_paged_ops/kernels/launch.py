@@ -44,6 +44,7 @@ class Launcher:
         self.spec_ints = [p.num for p in ints if not p.do_not_specialize]
         self.other_ints = [p.num for p in ints if p.do_not_specialize]
         self.cache: dict[tuple, _Entry] = {}
+        self.fixed_ids: dict[tuple, int] = {}
         self.short_launches = 0  # how many launches took the short path (for tests and benchmarks)
 
     def fixed_key(self, args: tuple, device: int, static) -> tuple | None:
@@ -55,7 +56,9 @@ class Launcher:
         if ints and (max(ints) >= _INT32 or min(ints) < -_INT32):
             return None
         dtypes = tuple([t.dtype for t in args[self.tensors]])
-        return (device, static, dtypes, tuple([v == 1 or (v % 16 == 0 and 2) for v in spec]))
+        full = (device, static, dtypes, tuple([v == 1 or (v % 16 == 0 and 2) for v in spec]))
+        # Interned as a small int (hashed per call with the alignments) beside the device (for the stream).
+        return self.fixed_ids.setdefault(full, len(self.fixed_ids)), device
 
     def key(self, args: tuple, device: int, static) -> tuple | None:
         """The whole cache key of a launch with these arguments: the fixed part and the tensors' 16-byte alignment."""
@@ -101,7 +104,7 @@ class Launcher:
                 raise RuntimeError(f"{self.kernel.fn.__name__}: the short launch path picked another compiled kernel "
                                    "than Triton would; report this with the call's shapes and strides")  # fmt: skip
         try:
-            stream = driver.active.get_current_stream(fixed[0])
+            stream = driver.active.get_current_stream(fixed[1])
             g1 = grid[1] if len(grid) > 1 else 1
             g2 = grid[2] if len(grid) > 2 else 1
             runtime = triton.knobs.runtime
