@@ -142,9 +142,7 @@ def check_attention_args(
         if bt_shape[0] != batch:
             raise ValueError(f"block_table must have B={batch} rows (B = len(seq_lens)), got {bt_shape[0]}")
     else:
-        (n_rows,) = _check_tensor(
-            "block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev
-        )
+        (n_rows,) = _check_tensor("block_table_rows", block_table_rows, 1, (torch.int32, torch.int64), dev)
         if n_rows != batch:
             raise ValueError(f"block_table_rows must have B={batch} entries (B = len(seq_lens)), got {n_rows}")
         if bt_shape[0] < 1:
