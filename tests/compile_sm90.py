@@ -71,7 +71,7 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:
         reduce_consts = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-                             BLOCK_S=2 if invariant else triton.next_power_of_2(lp.split.num_splits), WRITE_LSE=lse,
+                             BLOCK_S=8 if invariant else triton.next_power_of_2(lp.split.num_splits), WRITE_LSE=lse,
                              SEQUENTIAL=invariant)  # fmt: skip
         reduce_ptrs = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
                        "cu_seqlens_q_ptr": torch.int32}  # fmt: skip

@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 os.environ["TPA_CONFIG_FILE"] = os.path.join(os.path.dirname(__file__), "no-such-dir", "configs.json")
 
 import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
 
 # "ci": few, small examples for the 2-core interpreter run. "gpu": many larger ones for a GPU run.
 _COMMON = {
@@ -25,6 +25,8 @@ _COMMON = {
 settings.register_profile("ci", max_examples=30, **_COMMON)
 settings.register_profile("gpu", max_examples=300, **_COMMON)
 settings.register_profile("smoke", max_examples=5, **_COMMON)  # a quick GPU pass over every property
+# Only the hand-written @example cases (no generation): the quickest GPU check of a property test.
+settings.register_profile("explicit", phases=[Phase.explicit], **_COMMON)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gpu" if torch.cuda.is_available() else "ci"))
 
 

@@ -135,8 +135,8 @@ def _reduce_splits_kernel(
 ):
     """Merge the split-KV partials (outputs and base-2 log-sum-exps) of one (token, head): program ids (token, head).
 
-    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_weights``; otherwise
-    all (``BLOCK_S`` >= ``num_splits``) are weighted at once.
+    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_weights`` (``BLOCK_S``
+    segments loaded per step); otherwise all segments are weighted at once.
     """
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -148,19 +148,25 @@ def _reduce_splits_kernel(
     part_out_ptr += token * stride_po_t + head * stride_po_h
     part_lse_ptr += token * stride_pl_t + head * stride_pl_h
     if SEQUENTIAL:
-        # Segment 0 as it is: folding it into an empty state would give it back unchanged. Then one segment per
-        # step, in order; the loop is software-pipelined, so later segments' loads are in flight during a fold.
+        # Segment 0 as it is: folding it into an empty state would give it back unchanged.
         lse = tl.load(part_lse_ptr)
         out = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
-        # (Pointers step by one segment: 64-bit addresses, no overflow of segment x stride.)
-        po, pl = part_out_ptr, part_lse_ptr
-        for _ in tl.range(1, num_splits, num_stages=4):
-            po += stride_po_s
-            pl += stride_pl_s
-            lse_s = tl.load(pl)
-            o_s = tl.load(po + offs_d, mask=d_mask, other=0.0)
-            w_a, w_b, lse = _fold_weights(lse, lse_s)
-            out = _fold_out(out, o_s, w_a, w_b)
+        # The rest in groups of BLOCK_S loaded at once (one memory latency per group, not per segment), then folded
+        # one by one in order; picking a row out of the group adds only zeros to it, so it is exact.
+        offs_s = tl.arange(0, BLOCK_S)
+        for s0 in range(1, num_splits, BLOCK_S):
+            s_mask = s0 + offs_s < num_splits
+            lse_grp = tl.load(part_lse_ptr + (s0 + offs_s) * stride_pl_s, mask=s_mask, other=float("-inf"))
+            out_grp = tl.load(
+                part_out_ptr + (s0 + offs_s)[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
+                mask=s_mask[:, None] & d_mask[None, :],
+                other=0.0,
+            )
+            for g in tl.static_range(BLOCK_S):
+                lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
+                o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
+                w_a, w_b, lse = _fold_weights(lse, lse_s)  # padding past num_splits is empty: no change
+                out = _fold_out(out, o_s, w_a, w_b)
     else:
         offs_s = tl.arange(0, BLOCK_S)
         s_mask = offs_s < num_splits
@@ -204,7 +210,7 @@ def _launch_reduce_splits(
     """
     num_splits, num_tokens, num_heads, head_dim = part_out.shape
     lse_arg = lse if lse is not None else part_lse[0]
-    block_s = 2 if sequential else max(2, triton.next_power_of_2(num_splits))  # (unused when sequential)
+    block_s = 8 if sequential else max(2, triton.next_power_of_2(num_splits))
     args = (
         part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
         *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
