@@ -92,6 +92,13 @@ def _alone(p, b, rows: slice, seq_len: int, kv_bound: int, tiles):
                extra_cols=0, tiles=None, seed=11, fp8_cache=False),
           1, None, 0, 0),
 )  # fmt: skip
+@example(  # bf16 lse bits of a 16-row decode tile vs a 64-row short tile differed on an H200 (ALiBi, 10 segments)
+    case=(Spec(q_lens=[1, 2], kv_lens=[155, 2], pad_tokens=0, page_size=1, num_kv_heads=1, group=1, head_dim=128,
+               head_dim_v=128, dtype=DTYPES[0], causal=False, window_left=-1, softcap=0.0, use_alibi=True,
+               use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1, extra_cols=0, tiles=None,
+               seed=165, fp8_cache=False),
+          0, {"BLOCK_N": 16, "invariant_segment": 16}, 0, 0),
+)  # fmt: skip
 def test_rows_bitwise_invariant(case):
     spec, b, tiles, slack_k, slack_q = case
     spec.kv_lens = [max(k, 1) if spec.fp8_cache else k for k in spec.kv_lens]
@@ -132,8 +139,8 @@ def test_rows_bitwise_invariant(case):
 
 
 def test_invariant_plan_fixes_tile_width_and_segments():
-    """Across regimes and batch sizes the mode keeps one KV tile width and segment length (and for fp16/fp32 one
-    tile height and warp count); decode still splits."""
+    """Across regimes and batch sizes the mode keeps one KV tile (width, height, warps) and segment length; decode
+    still splits."""
     fixed = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=16, dtype=torch.bfloat16,
                  cache_dtype=torch.bfloat16, causal=True, window_left=-1, softcap=0.0, has_alibi=False,
                  has_sinks=False, has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=False,
@@ -151,19 +158,18 @@ def test_invariant_plan_fixes_tile_width_and_segments():
                                  **fixed).split.num_splits == 128  # fmt: skip
     wide = attention_launch_plan(num_seqs=256, max_seqlen_q=1, max_seqlen_k=131072, batch_invariant=True, **fixed)
     assert wide.split.num_splits == 1 and wide.constexprs["FOLD_SEGMENTS"]
-    fp16 = [attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=4096, batch_invariant=True,
-                                  **{**fixed, "dtype": torch.float16, "cache_dtype": torch.float16})
-            for q in (1, 8, 2048)]  # fmt: skip
-    assert len({(lp.config["BLOCK_M"], lp.config["BLOCK_N"], lp.config["num_warps"]) for lp in fp16}) == 1
+    for dtype in (torch.bfloat16, torch.float16):
+        tiles = [attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=4096, batch_invariant=True,
+                                       **{**fixed, "dtype": dtype, "cache_dtype": dtype})
+                 for q in (1, 8, 2048)]  # fmt: skip
+        assert len({(lp.config["BLOCK_M"], lp.config["BLOCK_N"], lp.config["num_warps"]) for lp in tiles}) == 1
     # Default mode keeps its own choices (prefill tiles differ from decode tiles; one-token sequences of a prefill
     # launch take a decode tile, which the mode leaves out: all its rows run the launch's one tile).
     prefill = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, **fixed)
     assert prefill.config["BLOCK_N"] != decode_small.config["BLOCK_N"]
     assert prefill.constexprs["SMALL_M"] > 0 and all(lp.constexprs["SMALL_M"] == 0 for lp in plans)
-    # bf16 row bits were checked equal up to 128-row tiles: taller tuned tiles are capped in the mode only.
-    with attention_config_override(BLOCK_M=256, num_warps=16):
-        tall = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, **fixed)
-        capped = attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, batch_invariant=True,
-                                       **fixed)  # fmt: skip
-    assert (tall.config["BLOCK_M"], tall.config["num_warps"]) == (256, 16)
-    assert (capped.config["BLOCK_M"], capped.config["num_warps"]) == (128, 8)
+    # A forced tile (an override) applies to every regime of the mode alike.
+    with attention_config_override(BLOCK_M=64, num_warps=8):
+        forced = [attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=32768, batch_invariant=True,
+                                        **fixed) for q in (1, 2048)]  # fmt: skip
+    assert {(lp.config["BLOCK_M"], lp.config["num_warps"]) for lp in forced} == {(64, 8)}

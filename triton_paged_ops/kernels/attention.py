@@ -686,20 +686,15 @@ def _cached_launch_plan(
     head_dim_pad = configs.padded_head_dim(head_dim)
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype)
     if batch_invariant:
-        # A row's arithmetic must not depend on the regime's tiles. KV tile width and segment length: the decode
-        # regime's everywhere (decode keeps its speed). Tile height and warps: free for bf16, whose rows come out
-        # bitwise the same from 16-row (mma.sync) and 64/128-row (warpgroup MMA) tiles with 4 or 8 warps (H200);
-        # fp16 rows differ between those in the last bit, and fp32 products in a blocked layout are ordered by the
-        # tile height and warps, so those dtypes keep the decode tile everywhere (long prefills run slower).
+        # A row's arithmetic must not depend on the regime's tiles: the decode regime's tile (KV width, height,
+        # warps) and segment length everywhere, so decode keeps its speed and long prefills run slower. (A row's
+        # softmax sum is reduced across the threads of the tile's layout, which tile height and warps choose: bf16
+        # rows of a 16-row and a 64-row tile were seen to differ in the last bit of the lse on an H200.)
         decode = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
         block_n = decode["BLOCK_N"]
         segment = -(-decode.get("invariant_segment", INVARIANT_SEGMENT) // block_n) * block_n
-        cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment}
-        if dtype != torch.bfloat16:
-            cfg.update(BLOCK_M=decode["BLOCK_M"], num_warps=decode["num_warps"])
-        elif cfg["BLOCK_M"] > 128:
-            # Row bits were checked equal across 16 to 128 rows (4 or 8 warps) only; taller tiles stay out.
-            cfg.update(BLOCK_M=128, num_warps=min(cfg["num_warps"], 8))
+        cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment, "BLOCK_M": decode["BLOCK_M"],
+               "num_warps": decode["num_warps"]}  # fmt: skip
     # Query tokens per tile. Decode launches say 1 whatever the tile holds: one token sees every key below its
     # sequence length, which lets the kernel drop the causal mask (the tile's other rows are padding).
     block_q = 1 if max_seqlen_q == 1 else max(1, cfg["BLOCK_M"] // group)
