@@ -109,7 +109,8 @@ class Launcher:
             g2 = grid[2] if len(grid) > 2 else 1
             runtime = triton.knobs.runtime
             enter = runtime.launch_enter_hook
-            if enter is None:
+            # No hook set: None, or (Triton >= 3.7) an empty hook chain.
+            if enter is None or not getattr(enter, "calls", True):
                 full = (*ptrs, *args[self.tensors.stop :], *entry.tail)
                 meta = None
             else:
