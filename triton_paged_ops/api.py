@@ -57,8 +57,8 @@ _ATTENTION_PARAMS = """
         padding, the bounds ``max_seqlen_q``/``max_seqlen_k``, and whether its token is computed in a prefill
         chunk or as a decode step (same cache contents, same flags). Keys are cut into fixed segments from key 0
         (1024 keys by default, ``invariant_segment`` in the config tables), each reduced on its own and folded in
-        order; decode still splits segments across programs. bf16 keeps each regime's tiles (its rows agree across
-        tile heights); fp16/fp32 use the decode tile everywhere (slower long prefills). Verified for the Triton
+        order; decode still splits segments across programs. Every regime uses the decode regime's tile (long
+        prefills run slower in this mode). Verified for the Triton
         kernels on an H200 and the interpreter; the plain-PyTorch fallback for CPU tensors attends each sequence
         alone (batch-mate and order invariant, not bitwise between prefill and decode).
 """
