@@ -159,8 +159,9 @@ def _attention(
             if op != "paged_attention_out":
                 out, lse = _new_outputs(q, v_cache, op)
             if prepared is not None:
-                run_attention_launch(prepared, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, alibi_slopes,
-                                     sinks, k_scale, v_scale, block_table_rows, out, lse)  # fmt: skip
+                optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
+                run_attention_launch(prepared, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out,
+                                     lse)  # fmt: skip
             return _result(op, out, lse)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
     feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)

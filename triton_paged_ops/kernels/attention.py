@@ -759,33 +759,29 @@ def prepare_attention_launch(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    num_seqs: int,
     max_seqlen_q: int,
     max_seqlen_k: int,
     scale: float,
     causal: bool,
     window_left: int,
     softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    block_table_rows: torch.Tensor | None,
+    present: tuple[bool, bool, bool, bool, bool],
     out: torch.Tensor,
     lse: torch.Tensor | None,
     interpret: bool,
     batch_invariant: bool = False,
 ) -> PreparedLaunch | None:
-    """Plan one launch over validated arguments from their metadata alone (None: nothing to compute)."""
+    """Plan one launch over validated arguments from their metadata alone (None: nothing to compute). ``present``:
+    whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
-    head_dim_v, num_seqs = v_cache.shape[-1], seq_lens.shape[0]
+    head_dim_v = v_cache.shape[-1]
     if num_seqs == 0 or num_tokens == 0:
         return None
     lp = _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
-        k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, alibi_slopes is not None,
-        sinks is not None, k_scale is not None, v_scale is not None, block_table_rows is not None, lse is not None,
+        k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
         None if interpret else q.device.index, interpret, batch_invariant,
     )  # fmt: skip
     plan = lp.split
@@ -814,16 +810,14 @@ def run_attention_launch(
     block_table: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
-    alibi_slopes: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    block_table_rows: torch.Tensor | None,
+    optional: tuple[torch.Tensor | None, ...],
     out: torch.Tensor,
     lse: torch.Tensor | None,
     wrap=None,
 ) -> None:
-    """Launch a prepared call on tensors whose metadata is the one it was prepared from."""
+    """Launch a prepared call on tensors whose metadata is the one it was prepared from. ``optional``:
+    ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
+    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
     lp = p.plan
     splits = lp.split.num_splits
     if splits > 1:
@@ -873,13 +867,13 @@ def _launch_paged_attention(
     ``wrap``, if given, is applied to each kernel before launch (``torch.library.wrap_triton`` inside a
     ``triton_op``).
     """
+    optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
     p = prepare_attention_launch(
-        q, k_cache, v_cache, block_table, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal, window_left, softcap,
-        alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, interpret, batch_invariant,
+        q, k_cache, v_cache, block_table, seq_lens.shape[0], max_seqlen_q, max_seqlen_k, scale, causal, window_left,
+        softcap, tuple(t is not None for t in optional), out, lse, interpret, batch_invariant,
     )  # fmt: skip
     if p is not None:
-        run_attention_launch(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, alibi_slopes, sinks,
-                             k_scale, v_scale, block_table_rows, out, lse, wrap)  # fmt: skip
+        run_attention_launch(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out, lse, wrap)
     return p
 
 
