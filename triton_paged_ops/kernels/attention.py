@@ -751,7 +751,9 @@ class PreparedLaunch:
     num_q_heads: int
     head_dim_v: int
     num_seqs: int
-    fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
+    # The launchers' address-independent keys (attention, reduce), filled in by the first launch.
+    fixed_key: tuple | None = None
+    reduce_fixed_key: tuple | None = None
 
 
 def prepare_attention_launch(
@@ -834,7 +836,8 @@ def run_attention_launch(
     )  # fmt: skip
     p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key)
     if splits > 1:
-        _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, p.num_seqs, out, lse, lp.batch_invariant, wrap)
+        p.reduce_fixed_key = _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, p.num_seqs, out, lse,
+                                                   lp.batch_invariant, wrap, p.reduce_fixed_key)  # fmt: skip
 
 
 def _launch_paged_attention(

@@ -201,9 +201,11 @@ def _launch_reduce_splits(
     lse: torch.Tensor | None,
     sequential: bool = False,
     wrap=None,
-) -> None:
+    fixed=None,
+):
     """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log) into ``out`` and ``lse`` (natural log);
-    ``sequential``: fold the segments in order (batch-invariant mode).
+    ``sequential``: fold the segments in order (batch-invariant mode). Returns the launcher's address-independent
+    key, which a repeat with the same metadata may pass back as ``fixed``.
 
     ``wrap``, if given, is applied to the kernel before launch (``torch.library.wrap_triton`` inside a
     ``triton_op``).
@@ -217,5 +219,5 @@ def _launch_reduce_splits(
     )  # fmt: skip
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=block_s,
                       WRITE_LSE=lse is not None, SEQUENTIAL=sequential)  # fmt: skip
-    _launch_reduce((num_tokens, num_heads), args, constexprs, _REDUCE_OPTIONS, (head_dim, block_s, lse is not None,
-                   sequential), wrap)  # fmt: skip
+    return _launch_reduce((num_tokens, num_heads), args, constexprs, _REDUCE_OPTIONS,
+                          (head_dim, block_s, lse is not None, sequential), wrap, fixed)  # fmt: skip
