@@ -13,7 +13,12 @@ import torch
 import triton
 
 from triton_paged_ops import checks, reference
-from triton_paged_ops.kernels.attention import PREPARED, _launch_paged_attention, run_attention_launch
+from triton_paged_ops.kernels.attention import (
+    PREPARED,
+    PreparedLaunch,
+    _launch_paged_attention,
+    run_attention_launch,
+)
 from triton_paged_ops.kernels.cache import _launch_reshape_and_cache
 from triton_paged_ops.kernels.merge import _launch_merge_attn_states
 
@@ -46,9 +51,9 @@ def _attention_into(
     batch_invariant: bool,
     out: torch.Tensor,
     lse: torch.Tensor | None,
-) -> object:
+) -> PreparedLaunch | None:
     """Shared body of the three attention ops after the checks: kernel or reference, writing ``out``/``lse``.
-    Returns the prepared launch (None: nothing to launch), or ``_NO_KERNEL`` when the reference ran."""
+    Returns the prepared launch of a kernel run (None: nothing launched, or the reference ran)."""
     if checks.debug_mode():
         checks.debug_check_attention(
             q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, block_table_rows
@@ -69,10 +74,9 @@ def _attention_into(
     out[:n].copy_(ref_out[:n])
     if lse is not None:
         lse[:n].copy_(ref_lse[:n])
-    return _NO_KERNEL
+    return None
 
 
-_NO_KERNEL = object()
 _MISS = object()
 _MAX_PREPARED = 4096
 
@@ -88,7 +92,7 @@ def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, ma
     keyed (a non-tensor argument: the full path names it, or the reference path). Equal keys mean the checks
     passed before and the same launch plan applies: only the tensors' addresses differ."""
     try:
-        if not (q.is_cuda or INTERPRET):
+        if not _use_kernels(q):
             return None
         return (
             op, max_seqlen_q, max_seqlen_k, scale, causal, window_left, softcap, batch_invariant,
@@ -172,7 +176,7 @@ def _attention(
         out, lse = _new_outputs(q, v_cache, op)
     if not fake:
         prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse)
-        if key is not None and prepared is not _NO_KERNEL:
+        if key is not None:
             if len(PREPARED) >= _MAX_PREPARED:
                 PREPARED.clear()
             PREPARED[key] = prepared

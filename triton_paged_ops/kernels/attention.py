@@ -249,7 +249,7 @@ def _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
 _config_override: dict[str, int] = {}
 # Prepared launches by call metadata (ops.py fills it): cleared whenever what a plan depends on may change (a config
 # override entered or left, the tables reloaded).
-PREPARED: dict[tuple, object] = {}
+PREPARED: dict[tuple, PreparedLaunch | None] = {}
 
 
 @contextlib.contextmanager
