@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
+from triton_paged_ops import ops
 
 from .strategies import Spec, build
 
@@ -62,6 +63,78 @@ def test_three_attention_ops_agree_bitwise():
     lse3 = torch.full_like(lse2, float("nan"))
     tpa.paged_attention_out(*p.args, **p.kwargs, out=out3, lse=lse3)
     assert torch.equal(out, out2) and torch.equal(out, out3) and torch.equal(lse2, lse3)
+
+
+def test_typed_wrappers_skip_the_dispatcher_exactly_in_plain_eager(monkeypatch):
+    """The typed wrappers call the op body themselves only when ``torch.ops`` would do nothing but call it, and
+    both routes give the same bits."""
+    p = build(spec(use_sinks=True, seed=11), DEVICE)
+    want = torch.ops.tpa.paged_attention_with_lse(*p.args, **p.kwargs)
+    calls = []
+    body = ops._attention  # the dispatcher holds its own reference to the body: only the wrappers see the spy
+    monkeypatch.setattr(ops, "_attention", lambda *a, **kw: calls.append(kw["op"]) or body(*a, **kw))
+
+    def run(*args, **kwargs) -> list[str]:
+        calls.clear()
+        out, lse = tpa.paged_attention_with_lse(*args, **{**p.kwargs, **kwargs})
+        assert torch.equal(out.detach(), want[0]) and torch.equal(lse, want[1])
+        return list(calls)
+
+    assert run(*p.args) == ["paged_attention_with_lse"]
+    out = torch.full_like(want[0], float("nan"))
+    tpa.paged_attention_out(*p.args, **p.kwargs, out=out)
+    assert calls[-1] == "paged_attention_out" and torch.equal(out, want[0])
+    assert torch.equal(tpa.paged_attention(*p.args, **p.kwargs), want[0]) and calls[-1] == "paged_attention"
+    # Not plain eager: a tensor that needs a gradient (with or without grad mode), a torch function mode, the
+    # profiler (which then records the op). Each goes through torch.ops.
+    q_grad = p.q.clone().requires_grad_()
+    assert run(q_grad, *p.args[1:]) == []
+    with torch.no_grad():
+        assert run(q_grad, *p.args[1:]) == []
+    with torch.device(DEVICE):
+        assert run(*p.args) == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert run(*p.args) == []
+    assert any("tpa::paged_attention_with_lse" in e.key for e in prof.key_averages())
+    # Fake tensors: the fake implementation answers through torch.ops.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in p.args]
+        calls.clear()
+        out, lse = tpa.paged_attention_with_lse(*fake, **p.kwargs)
+        assert calls == [] and out.shape == want[0].shape and lse.shape == want[1].shape
+
+
+def test_scalars_of_other_types_take_the_dispatcher(monkeypatch):
+    """An int scale (which the schema converts to float) is the dispatcher's to convert."""
+    p = build(spec(seed=12), DEVICE)
+    calls = []
+    body = ops._attention
+    monkeypatch.setattr(ops, "_attention", lambda *a, **kw: calls.append(kw["op"]) or body(*a, **kw))
+    got = tpa.paged_attention(*p.args[:8], 1, **p.kwargs)
+    assert calls == [] and torch.equal(got, torch.ops.tpa.paged_attention(*p.args[:8], 1.0, **p.kwargs))
+    assert calls == []
+    tpa.paged_attention(*p.args[:8], 1.0, **p.kwargs)
+    assert calls == ["paged_attention"]
+
+
+def test_compiled_typed_wrapper_keeps_the_op_in_the_graph():
+    """Under torch.compile the typed wrapper puts the op itself in the graph (no graph break, no inlined body)."""
+    torch._dynamo.reset()
+    p = build(spec(seed=13), DEVICE)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(lambda *a: tpa.paged_attention(*a, **p.kwargs) * 2.0, fullgraph=True, backend=backend)
+    got = compiled(*p.args)
+    assert torch.equal(got, tpa.paged_attention(*p.args, **p.kwargs) * 2.0)
+    (gm,) = graphs
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.tpa.paged_attention.default in targets or torch.ops.tpa.paged_attention in targets, targets
 
 
 def test_torch_compile_fullgraph_no_recompile_across_token_counts():

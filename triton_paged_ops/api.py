@@ -1,10 +1,11 @@
-"""Typed, documented Python faces of the ``torch.ops.tpa`` ops (each forwards to the op of the same name)."""
+"""Typed, documented Python faces of the ``torch.ops.tpa`` ops (each runs the op of the same name; see
+``ops.direct_attention_ok`` for when the attention ops skip the dispatcher)."""
 
 from __future__ import annotations
 
 import torch
 
-import triton_paged_ops.ops  # noqa: F401  (registers torch.ops.tpa.*)
+from triton_paged_ops import ops  # registers torch.ops.tpa.*
 
 _ATTENTION_PARAMS = """
     Parameters
@@ -64,6 +65,24 @@ _ATTENTION_PARAMS = """
 """
 
 
+def _attention(op: str, args: tuple, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    """Call attention op ``op`` with its 18 schema arguments ``args`` (and the out variant's buffers): its body
+    directly in plain eager mode (``ops.direct_attention_ok``), else through ``torch.ops``. Arguments go
+    positionally: the dispatcher parses keywords against the schema one by one (several µs per call)."""
+    tensors = (*args[:6], *args[12:17], out, lse)
+    if ops.direct_attention_ok(tensors, (args[6], args[7], args[10]), (args[8], args[11]), (args[9], args[17])):
+        return ops._attention(*args, out=out, lse=lse, op=op, fake=False)
+    if op == "paged_attention_out":
+        return torch.ops.tpa.paged_attention_out(*args, out=out, lse=lse)
+    return _ATTENTION_OPS[op](*args)
+
+
+_ATTENTION_OPS = {
+    "paged_attention": torch.ops.tpa.paged_attention,
+    "paged_attention_with_lse": torch.ops.tpa.paged_attention_with_lse,
+}
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -85,11 +104,10 @@ def paged_attention(
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
 ) -> torch.Tensor:
-    # Positional arguments: the dispatcher parses keywords against the schema one by one (several µs per call).
-    return torch.ops.tpa.paged_attention(
+    return _attention("paged_attention", (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 paged_attention.__doc__ = f"""Attention of a ragged batch of new tokens over a paged KV cache (prefill, decode, mixed).
@@ -133,10 +151,10 @@ def paged_attention_with_lse(
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.ops.tpa.paged_attention_with_lse(
+    return _attention("paged_attention_with_lse", (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 paged_attention_with_lse.__doc__ = f"""Like :func:`paged_attention`, also returning the log-sum-exp of each row.
@@ -173,11 +191,10 @@ def paged_attention_out(
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
-    torch.ops.tpa.paged_attention_out(
+    _attention("paged_attention_out", (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-        out=out, lse=lse,
-    )  # fmt: skip
+    ), out, lse)  # fmt: skip
 
 
 paged_attention_out.__doc__ = f"""Like :func:`paged_attention_with_lse`, writing into caller-provided buffers.
