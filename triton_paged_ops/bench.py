@@ -196,26 +196,29 @@ def sdpa_dense_us(case: Case, seed: int) -> float:
     return time_graph(lambda: [sdpa(q, k, v, **kw) for q, k, v, kw in calls])
 
 
-def host_time_us(fn, calls: int = 300, warmup: int = 10, repeats: int = 5) -> float:
-    """Wall time of one ``fn()`` in µs: the median over ``repeats`` runs of the mean of ``calls`` back-to-back calls
-    (device work included at the end of each run). The median, because a shared host's hiccups skew single runs."""
+def host_time_us(fn, calls: int = 200, warmup: int = 10, repeats: int = 15) -> float:
+    """Host (CPU) time of one ``fn()`` in µs: the median over ``repeats`` runs of the mean of ``calls`` back-to-back
+    calls. Each run starts on an idle device and stops its clock before waiting for it; ``calls`` launches stay
+    well below the launch queue's depth, so the host never waits for the device and the figure is the CPU-side cost
+    whatever the kernels' own duration (a cold, clocked-down GPU made earlier wall-time figures read high).
+    The median, because a shared host's hiccups skew single runs."""
     import statistics
     import time
 
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
     runs = []
     for _ in range(repeats):
+        torch.cuda.synchronize()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
         runs.append((time.perf_counter() - start) / calls * 1e6)
+    torch.cuda.synchronize()
     return statistics.median(runs)
 
 
-def host_overhead_us(calls: int = 300) -> float:
+def host_overhead_us(calls: int = 200) -> float:
     """Eager wall time of one small decode call (Python, checks, launch): GPU work is too small to matter."""
     inp = build_inputs(Case("overhead", [256] * 4), seed=0)
     return host_time_us(lambda: api.paged_attention_out(*inp.args, out=inp.out), calls)
