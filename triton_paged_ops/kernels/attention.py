@@ -32,7 +32,7 @@ import triton.language as tl
 
 from triton_paged_ops import configs
 from triton_paged_ops.kernels.launch import Launcher
-from triton_paged_ops.kernels.merge import _fold_out, _fold_weights, _launch_reduce_splits
+from triton_paged_ops.kernels.merge import ReducePlan, _fold_out, _fold_weights, launch_reduce, reduce_plan
 from triton_paged_ops.plan import (
     INVARIANT_SEGMENT,
     MAX_SPLIT_Q_LEN,
@@ -747,13 +747,12 @@ class PreparedLaunch:
     plan: LaunchPlan
     grid: tuple[int, int]
     tail: tuple  # the kernel's float and int arguments, in order
-    num_tokens: int
-    num_q_heads: int
-    head_dim_v: int
-    num_seqs: int
-    # The launchers' address-independent keys (attention, reduce), filled in by the first launch.
-    fixed_key: tuple | None = None
-    reduce_fixed_key: tuple | None = None
+    # Split-KV: the merge of the partials, and the fp32 workspace holding them: ``lse_elems`` partial lse values
+    # (rounded up to keep the partial outputs 16-byte aligned), then ``out_elems`` partial output values.
+    reduce: ReducePlan | None
+    lse_elems: int = 0
+    out_elems: int = 0
+    fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
 
 
 def prepare_attention_launch(
@@ -787,10 +786,16 @@ def prepare_attention_launch(
         None if interpret else q.device.index, interpret, batch_invariant,
     )  # fmt: skip
     plan = lp.split
-    if plan.num_splits > 1:
-        # The workspace (allocated per call, contiguous): [S, T, Hq, Dv] partial outputs, [S, T, Hq] lse.
+    splits = plan.num_splits
+    reduce, lse_elems, out_elems = None, 0, 0
+    if splits > 1:
+        # The workspace (allocated per call, contiguous): [S, T, Hq] partial lse, then [S, T, Hq, Dv] outputs.
         o_strides = (num_tokens * num_q_heads * head_dim_v, num_q_heads * head_dim_v, head_dim_v)
         l_strides = (num_tokens * num_q_heads, num_q_heads, 1)
+        lse_elems = -(-splits * num_tokens * num_q_heads // 4) * 4
+        out_elems = splits * num_tokens * num_q_heads * head_dim_v
+        reduce = reduce_plan(splits, num_tokens, num_q_heads, head_dim_v, o_strides, l_strides, num_seqs,
+                             out.stride()[:2], None if lse is None else lse.stride(), batch_invariant)  # fmt: skip
     else:
         o_strides = (0, *out.stride()[:2])
         l_strides = (0, *(lse if lse is not None else out).stride()[:2])
@@ -798,10 +803,9 @@ def prepare_attention_launch(
     tail = (
         float(scale), float(softcap), window_left, num_seqs, num_tokens, *reversed(block_table.shape), num_pages,
         *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
-        block_table.stride(0), plan.segment_len, plan.num_splits,
+        block_table.stride(0), plan.segment_len, splits,
     )  # fmt: skip
-    return PreparedLaunch(lp, (num_blocks * plan.num_splits, num_kv_heads), tail, num_tokens, num_q_heads,
-                          head_dim_v, num_seqs)  # fmt: skip
+    return PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems)
 
 
 def run_attention_launch(
@@ -821,10 +825,10 @@ def run_attention_launch(
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
     lp = p.plan
-    splits = lp.split.num_splits
-    if splits > 1:
-        dst_out = q.new_empty(splits, p.num_tokens, p.num_q_heads, p.head_dim_v, dtype=torch.float32)
-        dst_lse = q.new_empty(splits, p.num_tokens, p.num_q_heads, dtype=torch.float32)
+    if p.reduce is not None:
+        # One allocation for both partials; the attention kernel addresses them through its stride arguments.
+        dst_lse = q.new_empty(p.lse_elems + p.out_elems, dtype=torch.float32)
+        dst_out = dst_lse[p.lse_elems :]
     else:
         dst_out, dst_lse = out, lse if lse is not None else out
     # Absent optional tensors are never read (their constexpr flags are off): q stands in for the pointer.
@@ -835,9 +839,8 @@ def run_attention_launch(
         k_scale if k_scale is not None else q, v_scale if v_scale is not None else q, *p.tail,
     )  # fmt: skip
     p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key)
-    if splits > 1:
-        p.reduce_fixed_key = _launch_reduce_splits(dst_out, dst_lse, cu_seqlens_q, p.num_seqs, out, lse,
-                                                   lp.batch_invariant, wrap, p.reduce_fixed_key)  # fmt: skip
+    if p.reduce is not None:
+        launch_reduce(p.reduce, dst_out, dst_lse, cu_seqlens_q, out, lse, wrap)
 
 
 def _launch_paged_attention(

@@ -7,6 +7,8 @@ With LSEs ``a`` and ``b``: ``lse = log(e^a + e^b)`` and ``out = e^(a - lse) * ou
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -192,32 +194,56 @@ _launch_reduce = Launcher(_reduce_splits_kernel, num_tensors=5, num_floats=0)
 _REDUCE_OPTIONS = {"num_warps": 4}
 
 
-def _launch_reduce_splits(
+@dataclasses.dataclass
+class ReducePlan:
+    """The metadata-only part of one split-KV reduce launch (see ``reduce_plan``)."""
+
+    grid: tuple[int, int]
+    tail: tuple  # the kernel's int arguments, in order
+    constexprs: dict
+    static: tuple  # identifies ``constexprs`` in the launcher's key
+    fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
+
+
+def reduce_plan(
+    num_splits: int,
+    num_tokens: int,
+    num_heads: int,
+    head_dim: int,
+    part_out_strides: tuple[int, int, int],
+    part_lse_strides: tuple[int, int, int],
+    num_seqs: int,
+    out_strides: tuple[int, int],
+    lse_strides: tuple[int, int] | None,
+    sequential: bool = False,
+) -> ReducePlan:
+    """Plan merging ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log; strides of the first three
+    dims) into ``out`` (strides of its token and head dims) and, if ``lse_strides`` is given, ``lse`` (natural
+    log); ``sequential``: fold the segments in order (batch-invariant mode)."""
+    block_s = 8 if sequential else max(2, triton.next_power_of_2(num_splits))
+    want_lse = lse_strides is not None
+    tail = (num_seqs, num_splits, *part_out_strides, *part_lse_strides, *out_strides,
+            *(lse_strides if want_lse else part_lse_strides[1:]))  # fmt: skip
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=block_s,
+                      WRITE_LSE=want_lse, SEQUENTIAL=sequential)  # fmt: skip
+    return ReducePlan((num_tokens, num_heads), tail, constexprs, (head_dim, block_s, want_lse, sequential))
+
+
+def launch_reduce(
+    plan: ReducePlan,
     part_out: torch.Tensor,
     part_lse: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
-    num_seqs: int,
     out: torch.Tensor,
     lse: torch.Tensor | None,
-    sequential: bool = False,
     wrap=None,
-    fixed=None,
-):
-    """Merge ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log) into ``out`` and ``lse`` (natural log);
-    ``sequential``: fold the segments in order (batch-invariant mode). Returns the launcher's address-independent
-    key, which a repeat with the same metadata may pass back as ``fixed``.
+) -> None:
+    """Launch a planned reduce on tensors with the metadata it was planned from. Without ``lse`` the kernel is
+    given ``part_lse`` in its place (never written: ``WRITE_LSE`` is off).
 
     ``wrap``, if given, is applied to the kernel before launch (``torch.library.wrap_triton`` inside a
     ``triton_op``).
     """
-    num_splits, num_tokens, num_heads, head_dim = part_out.shape
-    lse_arg = lse if lse is not None else part_lse[0]
-    block_s = 8 if sequential else max(2, triton.next_power_of_2(num_splits))
-    args = (
-        part_out, part_lse, out, lse_arg, cu_seqlens_q, num_seqs, num_splits,
-        *part_out.stride()[:3], *part_lse.stride(), out.stride(0), out.stride(1), lse_arg.stride(0), lse_arg.stride(1),
-    )  # fmt: skip
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=block_s,
-                      WRITE_LSE=lse is not None, SEQUENTIAL=sequential)  # fmt: skip
-    return _launch_reduce((num_tokens, num_heads), args, constexprs, _REDUCE_OPTIONS,
-                          (head_dim, block_s, lse is not None, sequential), wrap, fixed)  # fmt: skip
+    args = (part_out, part_lse, out, lse if lse is not None else part_lse, cu_seqlens_q, *plan.tail)
+    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, _REDUCE_OPTIONS, plan.static, wrap,
+                                    plan.fixed_key)  # fmt: skip
