@@ -37,7 +37,10 @@ TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment")
 # Keys per fixed KV segment of batch-invariant mode (a multiple of the decode KV tile).
 INVARIANT_KEYS = ("invariant_segment",)
-CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS
+# Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
+# 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest.
+ORDER_KEYS = ("decode_order",)
+CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
 

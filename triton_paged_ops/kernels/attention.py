@@ -508,13 +508,30 @@ def _paged_attention_kernel(
     FP8_VIA_FP16: tl.constexpr,
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    DECODE_ORDER: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
     block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = 0
-    if SPLIT_KV:
+    if ONE_BLOCK_PER_SEQ and DECODE_ORDER > 1:
+        # KV heads fastest in dispatch order (x, then y): a page's heads are read at about the same time.
+        linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        kv_head = linear % tl.num_programs(1)
+        rest = linear // tl.num_programs(1)
+        if DECODE_ORDER == 2:
+            block_id = rest // num_splits
+            if SPLIT_KV:
+                split = rest % num_splits
+        else:
+            # Segments slowest: every sequence's first segment (the longest work in a ragged batch) comes first,
+            # the empty segments of short sequences last.
+            num_blocks = tl.num_programs(0) // num_splits
+            block_id = rest % num_blocks
+            if SPLIT_KV:
+                split = rest // num_blocks
+    elif SPLIT_KV:
         # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
         # instead of trailing after every other sequence's first segment.
         block_id = tl.program_id(0) // num_splits
@@ -724,6 +741,7 @@ def _cached_launch_plan(
         FP8_VIA_FP16=cache_dtype.itemsize == 1 and dtype == torch.bfloat16,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
+        DECODE_ORDER=cfg.get("decode_order", 1),
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
