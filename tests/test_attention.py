@@ -196,6 +196,30 @@ def test_split_kv_boundaries(page_size, num_splits, block_n):
     assert out[p.num_real_tokens :].isnan().all()
 
 
+@pytest.mark.parametrize("num_splits", [1, 5])
+def test_decode_dispatch_orders_give_the_same_bits(num_splits):
+    """Every ``decode_order`` maps the grid onto the same (sequence, KV head, segment) programs: outputs equal the
+    reference and each other bit for bit, with empty segments, padding and 1-token sequences in the batch."""
+    spec = Spec(q_lens=[1, 1, 2, 1, 1], kv_lens=[1, 700, 17, 48, 161], pad_tokens=2, page_size=16, num_kv_heads=2,
+                group=2, head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=5, num_splits=None)  # fmt: skip
+    p = build(spec, DEVICE)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    got = []
+    for order in (1, 2, 3):
+        # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one.)
+        with attention_config_override(BLOCK_M=16, BLOCK_N=32, num_splits=num_splits, decode_order=order):
+            plan = _launch_plan(p)
+            assert plan.constexprs["DECODE_ORDER"] == order and plan.split.num_splits == num_splits
+            got.append(run_out_variant(p))
+    n = p.num_real_tokens
+    assert_close_to_reference(*got[0], ref_out, ref_lse, spec.dtype, n)
+    for out, lse in got:
+        assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
+        assert out[n:].isnan().all()  # padding rows stay unwritten
+
+
 def _launch_plan(p):
     """The launch plan a call on the built batch ``p`` (no ALiBi, scales or row indirection) gets."""
     spec = p.spec
