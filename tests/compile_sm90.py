@@ -63,13 +63,14 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     f32 = torch.float32
     pointers = {"q_ptr": dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
                 "out_ptr": f32 if split else dtype, "lse_ptr": f32, "alibi_slopes_ptr": f32, "sinks_ptr": f32,
-                "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
+                "k_scale_ptr": f32, "v_scale_ptr": f32, "merge_count_ptr": torch.int32, "final_out_ptr": dtype,
+                "final_lse_ptr": f32}  # fmt: skip
     index_ptrs = ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")
     pointers |= {p: torch.int32 for p in index_ptrs}
     out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits}"}
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
-    if split:
+    if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
         reduce_consts = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
                              BLOCK_S=8 if invariant else triton.next_power_of_2(lp.split.num_splits), WRITE_LSE=lse,
                              SEQUENTIAL=invariant)  # fmt: skip

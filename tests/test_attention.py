@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
+from triton_paged_ops.kernels import attention
 from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
 from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
@@ -59,12 +60,12 @@ def assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, rows):
         assert lse_err <= tol["lse"] * (1 + ref_lse[finite].abs().max().item() if finite.any() else 1)
 
 
-def run_out_variant(p):
+def run_out_variant(p, **extra):
     t, hq = p.q.shape[:2]
     out = torch.full((t, hq, p.spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
     lse = torch.full((t, hq), float("nan"), device=p.q.device)
     with _tiles(p.spec):
-        tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
+        tpa.paged_attention_out(*p.args, **p.kwargs, **extra, out=out, lse=lse)
     return out, lse
 
 
@@ -197,30 +198,47 @@ def test_split_kv_boundaries(page_size, num_splits, block_n):
 
 
 @pytest.mark.parametrize("num_splits", [1, 5])
-def test_decode_dispatch_orders_give_the_same_bits(num_splits):
-    """Every ``decode_order`` maps the grid onto the same (sequence, KV head, segment) programs: outputs equal the
-    reference and each other bit for bit, with empty segments, padding and 1-token sequences in the batch."""
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
+    """Every ``decode_order`` maps the grid onto the same (sequence, KV head, segment) programs, and both
+    ``split_merge`` ways (a second kernel, or the last segment program of each tile) merge the partials: outputs
+    equal the reference, orders agree bit for bit, and in batch-invariant mode the two merges too (same fold). The
+    batch has empty segments, padding and 1-token sequences; the in-kernel merge's counters end at zero."""
     spec = Spec(q_lens=[1, 1, 2, 1, 1], kv_lens=[1, 700, 17, 48, 161], pad_tokens=2, page_size=16, num_kv_heads=2,
                 group=2, head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
                 extra_cols=0, tiles=None, seed=5, num_splits=None)  # fmt: skip
     p = build(spec, DEVICE)
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
-    got = []
-    for order in (1, 2, 3):
-        # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one.)
-        with attention_config_override(BLOCK_M=16, BLOCK_N=32, num_splits=num_splits, decode_order=order):
-            plan = _launch_plan(p)
-            assert plan.constexprs["DECODE_ORDER"] == order and plan.split.num_splits == num_splits
-            got.append(run_out_variant(p))
     n = p.num_real_tokens
-    assert_close_to_reference(*got[0], ref_out, ref_lse, spec.dtype, n)
-    for out, lse in got:
-        assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
+    got = {}
+    for merge in (1, 2):
+        for order in (1, 2, 3):
+            # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one.)
+            # (Batch-invariant mode splits by its fixed segments, here 64 keys: 11 of them for the longest row.)
+            cfg = dict(
+                BLOCK_M=16,
+                BLOCK_N=32,
+                num_splits=num_splits,
+                decode_order=order,
+                split_merge=merge,
+                invariant_segment=64,
+            )
+            with attention_config_override(**cfg):
+                plan = _launch_plan(p, invariant)
+                assert plan.constexprs["DECODE_ORDER"] == order
+                assert plan.constexprs["MERGE_IN_KERNEL"] == (merge == 2 and plan.split.num_splits > 1)
+                assert plan.split.num_splits == (11 if invariant else num_splits)
+                got[merge, order] = run_out_variant(p, batch_invariant=invariant)
+    for (merge, order), (out, lse) in got.items():
+        first = got[merge if not invariant else 1, 1]
+        assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
+        assert torch.equal(out[:n], first[0][:n]) and torch.equal(lse[:n], first[1][:n]), (merge, order)
         assert out[n:].isnan().all()  # padding rows stay unwritten
+    assert all(not c.any() for c in attention._MERGE_COUNTERS.values())
 
 
-def _launch_plan(p):
+def _launch_plan(p, batch_invariant: bool = False):
     """The launch plan a call on the built batch ``p`` (no ALiBi, scales or row indirection) gets."""
     spec = p.spec
     return attention_launch_plan(
@@ -230,6 +248,7 @@ def _launch_plan(p):
         window_left=spec.window_left, softcap=spec.softcap, has_alibi=False, has_sinks=spec.use_sinks,
         has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
         device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
+        batch_invariant=batch_invariant,
     )  # fmt: skip
 
 

@@ -10,7 +10,8 @@ import torch
 
 import triton_paged_ops as tpa
 from triton_paged_ops import checks, reference
-from triton_paged_ops.kernels import attention, merge
+from triton_paged_ops.kernels import attention
+from triton_paged_ops.kernels import merge as merge_kernels
 from triton_paged_ops.kernels.launch import Launcher
 
 from .strategies import Spec, build
@@ -58,31 +59,33 @@ def _layouts(p):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("context", [300, 9000], ids=["one segment", "split + reduce"])
-def test_short_path_runs_tritons_kernel_with_same_bits(context):
+@pytest.mark.parametrize("context,merge", [(300, 2), (9000, 1), (9000, 2)],
+                         ids=["one segment", "split + reduce kernel", "split + in-kernel merge"])  # fmt: skip
+def test_short_path_runs_tritons_kernel_with_same_bits(context, merge):
     spec = Spec(q_lens=[1] * 3, kv_lens=[context, context // 2, 17], pad_tokens=0, page_size=16, num_kv_heads=2,
                 group=4, head_dim=128, head_dim_v=128, dtype=torch.bfloat16, causal=True, window_left=-1, softcap=0.0,
                 use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
                 extra_cols=0, tiles=None, seed=3)  # fmt: skip
     p = build(spec, "cuda")
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
-    short = attention._launch_attention.short_launches, merge._launch_reduce.short_launches
+    short = attention._launch_attention.short_launches, merge_kernels._launch_reduce.short_launches
     was = checks.debug_mode()
     checks.set_debug_mode(True)  # each short launch also checks Triton's own choice of compiled kernel
-    try:
-        for name, q, k, v in _layouts(p):
-            runs = []
-            for _ in range(3):  # the first call goes through Triton's path and records; the rest take the short one
-                out, lse = tpa.paged_attention_with_lse(q, k, v, *p.args[3:], **p.kwargs)
-                runs.append((out, lse))
-            assert_close_to_reference(runs[0][0], runs[0][1], ref_out, ref_lse, spec.dtype, p.num_real_tokens)
-            for out, lse in runs[1:]:
-                assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), name
-    finally:
-        checks.set_debug_mode(was)
+    with attention.attention_config_override(split_merge=merge):
+        try:
+            for name, q, k, v in _layouts(p):
+                runs = []
+                for _ in range(3):  # the first call goes through Triton's path and records; the rest take the short one
+                    out, lse = tpa.paged_attention_with_lse(q, k, v, *p.args[3:], **p.kwargs)
+                    runs.append((out, lse))
+                assert_close_to_reference(runs[0][0], runs[0][1], ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+                for out, lse in runs[1:]:
+                    assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), name
+        finally:
+            checks.set_debug_mode(was)
     assert attention._launch_attention.short_launches >= short[0] + 2 * 3  # at least two per layout took it
-    if context > 1024:
-        assert merge._launch_reduce.short_launches >= short[1] + 2 * 3
+    if context > 1024 and merge == 1:
+        assert merge_kernels._launch_reduce.short_launches >= short[1] + 2 * 3
 
 
 def _small_problem(device, seed=5):

@@ -310,6 +310,8 @@ def select_attention_config(
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
     # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v13).
     cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 2)
+    # Split-KV partials merged by the last segment program of each tile (2), not by a second kernel (1).
+    cfg.setdefault("split_merge", 2)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -323,15 +325,19 @@ def _attend_block(
     bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, q_block, kv_head, kv_len, split,
     segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
     stride_v_head, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+    merge_count_ptr, final_out_ptr, final_lse_ptr, num_splits, stride_o_split, stride_lse_split, stride_fo_t,
+    stride_fo_h, stride_fl_t, stride_fl_h,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     HEAD_DIM_V_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, FP8_VIA_FP16: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SEQUENTIAL_MERGE: tl.constexpr,
+    FINAL_LSE: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
-    its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse)."""
+    its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse).
+    ``MERGE_IN_KERNEL``: the last of the block's segment programs to finish merges them all (``_merge_segments``)."""
     context_len = kv_len - q_len  # bottom-right alignment: new tokens are the last q_len keys
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -433,9 +439,66 @@ def _attend_block(
         out.to(out_ptr.dtype.element_ty),
         mask=row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
     )
+    lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
     if WRITE_LSE:
-        lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
         tl.store(lse_ptr + lse_off, lse2 if SPLIT_KV else lse2 * LN2, mask=row_valid)
+    if MERGE_IN_KERNEL:
+        # Every thread's partial stores come before the arrival (a release at GPU scope by one thread).
+        tl.debug_barrier()
+        arrived = tl.atomic_add(merge_count_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            # The other segments' partials are visible after the acquire; the counter is left at 0 for the next
+            # launch (no other program of this launch touches it again).
+            tl.atomic_xchg(merge_count_ptr, 0, sem="relaxed", scope="gpu")
+            _merge_segments(
+                out_ptr - split.to(tl.int64) * stride_o_split, lse_ptr - split.to(tl.int64) * stride_lse_split,
+                final_out_ptr, final_lse_ptr, o_row, lse_off, q_start + q_tok, q_head, row_valid, num_splits,
+                stride_o_split, stride_lse_split, stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
+                BLOCK_M, HEAD_DIM_V, HEAD_DIM_V_PAD, SEQUENTIAL_MERGE, FINAL_LSE,
+            )  # fmt: skip
+
+
+@triton.jit
+def _merge_segments(
+    part_out_ptr, part_lse_ptr, out_ptr, lse_ptr, o_row, lse_off, tok, head, row_valid, num_splits, stride_o_split,
+    stride_lse_split, stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
+    BLOCK_M: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, SEQUENTIAL: tl.constexpr,
+    FINAL_LSE: tl.constexpr,
+):  # fmt: skip
+    """Merge a tile's ``num_splits`` partial results (outputs, base-2 lse) into the final output (and natural-log
+    lse): weighted all at once, or (``SEQUENTIAL``, batch-invariant mode) folded in order with the same operations
+    as ``_reduce_splits_kernel`` and the one-program fold, so the bits do not depend on who merges."""
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    mask = row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
+    part_o = part_out_ptr + o_row[:, None] + offs_dv[None, :]
+    part_l = part_lse_ptr + lse_off
+    if SEQUENTIAL:
+        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+        lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        for s in range(num_splits):
+            lse_s = tl.load(part_l + s * stride_lse_split, mask=row_valid, other=float("-inf"))
+            o_s = tl.load(part_o + s * stride_o_split, mask=mask, other=0.0)
+            w_a, w_b, lse = _fold_weights(lse, lse_s)
+            out = _fold_out(out, o_s, w_a[:, None], w_b[:, None])
+    else:
+        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        for s in range(num_splits):
+            m = tl.maximum(m, tl.load(part_l + s * stride_lse_split, mask=row_valid, other=float("-inf")))
+        m_safe = tl.where(m == float("-inf"), 0.0, m)  # every segment empty: weights exp2(-inf) = 0, not NaN
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
+        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+        for s in range(num_splits):
+            w = tl.exp2(tl.load(part_l + s * stride_lse_split, mask=row_valid, other=float("-inf")) - m_safe)
+            total += w
+            out += tl.load(part_o + s * stride_o_split, mask=mask, other=0.0) * w[:, None]
+        total_safe = tl.where(total > 0.0, total, 1.0)
+        out = out / total_safe[:, None]
+        lse = tl.where(total > 0.0, m_safe + tl.log2(total_safe), float("-inf"))
+    row = tok.to(tl.int64)
+    tl.store(out_ptr + (row * stride_fo_t + head * stride_fo_h)[:, None] + offs_dv[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
+    if FINAL_LSE:
+        tl.store(lse_ptr + row * stride_fl_t + head * stride_fl_h, lse * LN2, mask=row_valid)
 
 
 # Arguments whose values change from batch to batch: Triton must not specialise on them (value 1, multiple of 16),
@@ -461,6 +524,9 @@ def _paged_attention_kernel(
     sinks_ptr,
     k_scale_ptr,
     v_scale_ptr,
+    merge_count_ptr,
+    final_out_ptr,
+    final_lse_ptr,
     sm_scale,
     softcap,
     window_left,
@@ -486,6 +552,10 @@ def _paged_attention_kernel(
     stride_bt_b,
     segment_len,
     num_splits,
+    stride_fo_t,
+    stride_fo_h,
+    stride_fl_t,
+    stride_fl_h,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
@@ -512,6 +582,9 @@ def _paged_attention_kernel(
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
+    MERGE_IN_KERNEL: tl.constexpr,
+    SEQUENTIAL_MERGE: tl.constexpr,
+    FINAL_LSE: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
@@ -578,6 +651,8 @@ def _paged_attention_kernel(
     if SPLIT_KV:
         out_ptr += split.to(tl.int64) * stride_o_split
         lse_ptr += split.to(tl.int64) * stride_lse_split
+    if MERGE_IN_KERNEL:
+        merge_count_ptr += block_id * tl.num_programs(1) + kv_head  # one arrival counter per (block, KV head)
 
     if SMALL_M > 0:  # noqa: SIM102 (a compile-time if around a run-time one: no code without SMALL_M)
         # Tall tiles (prefill) meet one-token sequences (a mixed batch of prefill chunks and decodes): those run
@@ -588,9 +663,12 @@ def _paged_attention_kernel(
                 v_scale_ptr, bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, 0, kv_head,
                 kv_len, split, segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head,
                 stride_v_page, stride_v_slot, stride_v_head, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+                merge_count_ptr, final_out_ptr, final_lse_ptr, num_splits, stride_o_split, stride_lse_split,
+                stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
-                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION,
+                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
+                FINAL_LSE,
             )  # fmt: skip
             return
     _attend_block(
@@ -598,9 +676,11 @@ def _paged_attention_kernel(
         bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, q_block, kv_head, kv_len, split,
         segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
         stride_v_slot, stride_v_head, stride_o_t, stride_o_h, stride_lse_t, stride_lse_h,
+        merge_count_ptr, final_out_ptr, final_lse_ptr, num_splits, stride_o_split, stride_lse_split,
+        stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
-        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION,
+        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
     )  # fmt: skip
 
 
@@ -655,7 +735,7 @@ class LaunchPlan:
         """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
         # The sequential reduce of batch-invariant mode has one variant for every split count.
         bucket = 0 if self.batch_invariant else triton.next_power_of_2(self.split.num_splits)
-        reduce = (self.split.num_splits > 1, bucket)
+        reduce = (self.split.num_splits > 1 and not self.constexprs["MERGE_IN_KERNEL"], bucket)
         opts = tuple(sorted(self.options.items()))
         return (tuple(sorted(self.constexprs.items(), key=lambda kv: kv[0])), opts, reduce, str(self.cache_dtype))
 
@@ -745,6 +825,8 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"],
+        MERGE_IN_KERNEL=split.num_splits > 1 and cfg["split_merge"] == 2, SEQUENTIAL_MERGE=batch_invariant,
+        FINAL_LSE=want_lse,
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
@@ -757,7 +839,26 @@ def _cached_launch_plan(
 
 
 _KERNEL_IDS: dict[tuple, int] = {}
-_launch_attention = Launcher(_paged_attention_kernel, num_tensors=13, num_floats=2)
+_launch_attention = Launcher(_paged_attention_kernel, num_tensors=16, num_floats=2)
+# In-kernel merges count each tile's finished segments here: per (device, stream), zero between launches (the last
+# program of a tile resets its counter). Outgrown buffers stay alive: a captured CUDA graph may still use one.
+_MERGE_COUNTERS: dict[tuple, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []
+
+
+def _merge_counters(device: torch.device, n: int, fresh: bool) -> torch.Tensor:
+    """At least ``n`` zero int32 arrival counters for a launch on ``device``'s current stream (``fresh``: a new
+    buffer, for traced launches that must not touch state outside their graph)."""
+    if fresh:
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    # Launches on different streams may overlap, so each stream has its own counters.
+    key = (device, torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0)
+    buf = _MERGE_COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        if buf is not None:
+            _OUTGROWN.append(buf)
+        buf = _MERGE_COUNTERS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf
 
 
 @dataclasses.dataclass
@@ -768,11 +869,13 @@ class PreparedLaunch:
     plan: LaunchPlan
     grid: tuple[int, int]
     tail: tuple  # the kernel's float and int arguments, in order
-    # Split-KV: the merge of the partials, and the fp32 workspace holding them: ``lse_elems`` partial lse values
-    # (rounded up to keep the partial outputs 16-byte aligned), then ``out_elems`` partial output values.
+    # Split-KV: the merge of the partials by a second kernel (None: merged in the kernel, or no split), and the fp32
+    # workspace holding them: ``lse_elems`` partial lse values (rounded up to keep the partial outputs 16-byte
+    # aligned), then ``out_elems`` partial output values.
     reduce: ReducePlan | None
     lse_elems: int = 0
     out_elems: int = 0
+    merge_counts: int = 0  # arrival counters an in-kernel merge needs (0: none)
     fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
 
 
@@ -815,18 +918,21 @@ def prepare_attention_launch(
         l_strides = (num_tokens * num_q_heads, num_q_heads, 1)
         lse_elems = -(-splits * num_tokens * num_q_heads // 4) * 4
         out_elems = splits * num_tokens * num_q_heads * head_dim_v
-        reduce = reduce_plan(splits, num_tokens, num_q_heads, head_dim_v, o_strides, l_strides, num_seqs,
-                             out.stride()[:2], None if lse is None else lse.stride(), batch_invariant)  # fmt: skip
+        if not lp.constexprs["MERGE_IN_KERNEL"]:
+            reduce = reduce_plan(splits, num_tokens, num_q_heads, head_dim_v, o_strides, l_strides, num_seqs,
+                                 out.stride()[:2], None if lse is None else lse.stride(), batch_invariant)  # fmt: skip
     else:
         o_strides = (0, *out.stride()[:2])
         l_strides = (0, *(lse if lse is not None else out).stride()[:2])
     num_blocks = num_seqs if lp.one_block else num_tokens // lp.block_q + num_seqs
+    merge_counts = num_blocks * num_kv_heads if lp.constexprs["MERGE_IN_KERNEL"] else 0
+    final_strides = (*out.stride()[:2], *(lse.stride() if lse is not None else (0, 0))) if merge_counts else (0,) * 4
     tail = (
         float(scale), float(softcap), window_left, num_seqs, num_tokens, *reversed(block_table.shape), num_pages,
         *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
-        block_table.stride(0), plan.segment_len, splits,
+        block_table.stride(0), plan.segment_len, splits, *final_strides,
     )  # fmt: skip
-    return PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems)
+    return PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems, merge_counts)
 
 
 def run_attention_launch(
@@ -846,18 +952,22 @@ def run_attention_launch(
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
     lp = p.plan
-    if p.reduce is not None:
+    if p.out_elems:
         # One allocation for both partials; the attention kernel addresses them through its stride arguments.
         dst_lse = q.new_empty(p.lse_elems + p.out_elems, dtype=torch.float32)
         dst_out = dst_lse[p.lse_elems :]
     else:
         dst_out, dst_lse = out, lse if lse is not None else out
+    if p.merge_counts:
+        merge = (_merge_counters(q.device, p.merge_counts, wrap is not None), out, lse if lse is not None else out)
+    else:
+        merge = (q, q, q)
     # Absent optional tensors are never read (their constexpr flags are off): q stands in for the pointer.
     args = (
         q, k_cache, v_cache, dst_out, dst_lse, block_table,
         block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
         alibi_slopes if alibi_slopes is not None else q, sinks if sinks is not None else q,
-        k_scale if k_scale is not None else q, v_scale if v_scale is not None else q, *p.tail,
+        k_scale if k_scale is not None else q, v_scale if v_scale is not None else q, *merge, *p.tail,
     )  # fmt: skip
     p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key)
     if p.reduce is not None:
