@@ -40,7 +40,7 @@ INVARIANT_KEYS = ("invariant_segment",)
 # Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
 # 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest.
 ORDER_KEYS = ("decode_order",)
-# Who merges split-KV partials: 1 a second kernel, 2 the last segment program of each tile.
+# Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile.
 MERGE_KEYS = ("split_merge",)
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"

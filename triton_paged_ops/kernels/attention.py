@@ -310,8 +310,9 @@ def select_attention_config(
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
     # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v13).
     cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 2)
-    # Split-KV partials merged by the last segment program of each tile (2), not by a second kernel (1).
-    cfg.setdefault("split_merge", 2)
+    # Split-KV partials merged by a second kernel (1) or by the last segment program of each tile (2): on the H200
+    # the in-kernel merge gained nothing in the default mode and lost on B1x32k (its merge loop is serial; NOTES v13).
+    cfg.setdefault("split_merge", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
