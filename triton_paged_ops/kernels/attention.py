@@ -473,25 +473,38 @@ def _merge_segments(
     mask = row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V)
     part_o = part_out_ptr + o_row[:, None] + offs_dv[None, :]
     part_l = part_lse_ptr + lse_off
-    if SEQUENTIAL:
-        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-        lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        for s in range(num_splits):
-            lse_s = tl.load(part_l + s * stride_lse_split, mask=row_valid, other=float("-inf"))
-            o_s = tl.load(part_o + s * stride_o_split, mask=mask, other=0.0)
-            w_a, w_b, lse = _fold_weights(lse, lse_s)
-            out = _fold_out(out, o_s, w_a[:, None], w_b[:, None])
-    else:
+    m_safe = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if not SEQUENTIAL:
+        # The largest lse of each row over all segments, 64 segments per load (one memory latency each).
+        offs_s = tl.arange(0, 64)
         m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        for s in range(num_splits):
-            m = tl.maximum(m, tl.load(part_l + s * stride_lse_split, mask=row_valid, other=float("-inf")))
+        for s0 in range(0, num_splits, 64):
+            grp_mask = (s0 + offs_s < num_splits)[:, None] & row_valid[None, :]
+            lse_grp = tl.load(part_l[None, :] + (s0 + offs_s)[:, None] * stride_lse_split, mask=grp_mask,
+                              other=float("-inf"))  # fmt: skip
+            m = tl.maximum(m, tl.max(lse_grp, 0))
         m_safe = tl.where(m == float("-inf"), 0.0, m)  # every segment empty: weights exp2(-inf) = 0, not NaN
-        total = tl.zeros([BLOCK_M], dtype=tl.float32)
-        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-        for s in range(num_splits):
-            w = tl.exp2(tl.load(part_l + s * stride_lse_split, mask=row_valid, other=float("-inf")) - m_safe)
+    out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+    lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    # Segments in order, each loaded two steps ahead of its use (the loads do not wait for the merge arithmetic).
+    l_0 = tl.load(part_l, mask=row_valid, other=float("-inf"))
+    o_0 = tl.load(part_o, mask=mask, other=0.0)
+    l_1 = tl.load(part_l + stride_lse_split, mask=row_valid & (num_splits > 1), other=float("-inf"))
+    o_1 = tl.load(part_o + stride_o_split, mask=mask & (num_splits > 1), other=0.0)
+    for s in range(num_splits):
+        ahead = s + 2 < num_splits
+        l_2 = tl.load(part_l + (s + 2) * stride_lse_split, mask=row_valid & ahead, other=float("-inf"))
+        o_2 = tl.load(part_o + (s + 2) * stride_o_split, mask=mask & ahead, other=0.0)
+        if SEQUENTIAL:
+            w_a, w_b, lse = _fold_weights(lse, l_0)
+            out = _fold_out(out, o_0, w_a[:, None], w_b[:, None])
+        else:
+            w = tl.exp2(l_0 - m_safe)
             total += w
-            out += tl.load(part_o + s * stride_o_split, mask=mask, other=0.0) * w[:, None]
+            out += o_0 * w[:, None]
+        l_0, o_0, l_1, o_1 = l_1, o_1, l_2, o_2
+    if not SEQUENTIAL:
         total_safe = tl.where(total > 0.0, total, 1.0)
         out = out / total_safe[:, None]
         lse = tl.where(total > 0.0, m_safe + tl.log2(total_safe), float("-inf"))
