@@ -255,7 +255,10 @@ PREPARED: dict[tuple, PreparedLaunch | None] = {}
 @contextlib.contextmanager
 def attention_config_override(**cfg: int) -> Iterator[None]:
     """Force launch options in a block: tiles (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``), the split
-    policy (``programs_per_sm``, ``min_segment``, ``max_segment``) or a fixed split count (``num_splits``).
+    policy (``programs_per_sm``, ``min_segment``, ``max_segment``) or a fixed split count (``num_splits``), the
+    batch-invariant segment (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
+    outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest) and who merges split-KV partials
+    (``split_merge``: 1 a second kernel, 2 the last segment program of each tile).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
