@@ -81,16 +81,12 @@ _MISS = object()
 _MAX_PREPARED = 4096
 
 
-def _always_false() -> bool:
-    return False
-
-
 def _torch_hook(module, name: str):
-    # A missing private hook (another torch) reads as "active": the caller then takes the dispatcher.
+    # A missing hook (another torch) reads as "active": the caller then takes the dispatcher.
     return getattr(module, name, lambda: True)
 
 
-_compiling = getattr(torch.compiler, "is_compiling", _always_false)
+_compiling = _torch_hook(torch.compiler, "is_compiling")
 _dispatch_modes = _torch_hook(torch._C, "_len_torch_dispatch_stack")
 _function_modes = _torch_hook(torch._C, "_is_torch_function_mode_enabled")
 _functorch_active = _torch_hook(torch._C, "_are_functorch_transforms_active")
@@ -106,8 +102,8 @@ def direct_attention_ok(tensors: tuple, ints: tuple, floats: tuple, flags: tuple
     records the op), plain ``torch.Tensor``s (no subclass) that need no gradient (the dispatcher would attach an
     autograd error node), no meta tensors, and Python ``int``/``float``/``bool`` scalars (what the dispatcher
     converts or refuses otherwise). ``tensors`` may hold None for absent optional tensors. The dispatcher costs
-    ~8 µs of a ~30 µs eager decode call; it bumps no version counter for these ops, so skipping it changes nothing
-    else."""
+    ~6 µs of a ~26 µs eager decode call on an H200 host; it bumps no version counter for these ops, so skipping it
+    changes nothing else."""
     if _compiling() or type(tensors[0]) is not torch.Tensor:
         return False
     for t in tensors:
