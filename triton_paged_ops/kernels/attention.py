@@ -311,10 +311,10 @@ def select_attention_config(
         # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
-    # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v13).
+    # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14).
     cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 2)
     # Split-KV partials merged by a second kernel (1) or by the last segment program of each tile (2): on the H200
-    # the in-kernel merge gained nothing in the default mode and lost on B1x32k (its merge loop is serial; NOTES v13).
+    # the in-kernel merge gained nothing in the default mode and lost on B1x32k (32 arrivals per tile; NOTES v14).
     cfg.setdefault("split_merge", 1)
     if _config_override:
         cfg.update(_config_override)
@@ -830,6 +830,8 @@ def _cached_launch_plan(
                            workspace_token_bytes(num_q_heads, head_dim_v), block_q)  # fmt: skip
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
     one_block = max_seqlen_q <= block_q
+    # (The merge's own flags stay off without it: no extra compiled variants.)
+    merge_in_kernel = split.num_splits > 1 and cfg["split_merge"] == 2
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
@@ -842,8 +844,8 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"],
-        MERGE_IN_KERNEL=split.num_splits > 1 and cfg["split_merge"] == 2, SEQUENTIAL_MERGE=batch_invariant,
-        FINAL_LSE=want_lse,
+        MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
+        FINAL_LSE=merge_in_kernel and want_lse,
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
