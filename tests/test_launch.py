@@ -164,3 +164,52 @@ def test_prepared_launches_follow_each_calls_alignment_with_same_bits():
             rows = p.num_real_tokens
             assert torch.equal(out[:rows], want[name][0][:rows]) and torch.equal(lse[:rows], want[name][1][:rows])
     assert len(attention.PREPARED) == 1
+
+
+def _workspaces() -> dict:
+    return {k: v for k, v in attention._SCRATCH.items() if k[0] == "workspace"}
+
+
+def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be(monkeypatch):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec, p = _small_problem(device, seed=7)
+    rows = p.num_real_tokens
+    for key in list(_workspaces()):
+        del attention._SCRATCH[key]
+    with attention.attention_config_override(BLOCK_N=16, num_splits=2):
+        got = tpa.paged_attention(*p.args, **p.kwargs)
+        assert_close_to_reference(got, None, reference.paged_attention(*p.args[:6], spec.scale, **p.kwargs), None,
+                                  spec.dtype, rows)  # fmt: skip
+        (buf,) = _workspaces().values()
+        # Other contents, same metadata: the same buffer again, the right answer for the new query.
+        q2 = torch.randn_like(p.q)
+        got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
+        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
+                                  None, spec.dtype, rows)  # fmt: skip
+        assert list(_workspaces().values()) == [buf]
+        # A call needing more than the buffer holds replaces it; the first shape then runs on the new one.
+        big_spec = Spec(q_lens=[1] * 8, kv_lens=[300, 7, 150, 299, 1, 64, 200, 33], pad_tokens=2, page_size=16,
+                        num_kv_heads=2, group=4, head_dim=64, head_dim_v=64, dtype=torch.float32, causal=True,
+                        window_left=-1, softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1,
+                        strided=False, spare_pages=1, extra_cols=0, tiles=None, seed=9)  # fmt: skip
+        big = build(big_spec, device)
+        with attention.attention_config_override(BLOCK_N=16, num_splits=8):
+            got_big = tpa.paged_attention(*big.args, **big.kwargs)
+        (grown,) = _workspaces().values()
+        assert grown.numel() > buf.numel()
+        want_big = reference.paged_attention(*big.args[:6], big_spec.scale, **big.kwargs)
+        assert_close_to_reference(got_big, None, want_big, None, big_spec.dtype, big.num_real_tokens)
+        got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
+        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
+                                  None, spec.dtype, rows)  # fmt: skip
+    # Traced launches (wrap) and CUDA-graph captures get their own buffer, never the shared one.
+    t = p.q
+    shared = attention._scratch("workspace", t, 16, torch.float32, None, False)
+    assert attention._scratch("workspace", t, 16, torch.float32, None, False) is shared
+    assert attention._scratch("workspace", t, 16, torch.float32, None, True) is not shared
+    monkeypatch.setattr(attention, "_capturing", lambda: True)
+    assert attention._scratch("workspace", t, 16, torch.float32, 1234, False).data_ptr() not in {
+        b.data_ptr() for b in attention._SCRATCH.values()
+    }
+    counts = attention._scratch("merge_counts", t, 40, torch.int32, 1234, False, zero=True)
+    assert counts.numel() == 40 and not counts.any()

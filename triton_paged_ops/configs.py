@@ -42,7 +42,10 @@ INVARIANT_KEYS = ("invariant_segment",)
 ORDER_KEYS = ("decode_order",)
 # Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile.
 MERGE_KEYS = ("split_merge",)
-CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS
+# KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default: the
+# decode tile's width, at most the launch's own BLOCK_N).
+SMALL_KEYS = ("small_block_n",)
+CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
 
@@ -96,7 +99,7 @@ def validate_config(cfg: object) -> str | None:
             return f"unknown key {key!r}"
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             return f"{key} must be a positive integer, got {val!r}"
-    for key in ("BLOCK_M", "BLOCK_N"):
+    for key in ("BLOCK_M", "BLOCK_N", "small_block_n"):
         if key in cfg and (cfg[key] < 16 or cfg[key] & (cfg[key] - 1)):
             return f"{key} must be a power of two >= 16, got {cfg[key]}"
     if cfg.get("num_warps", 4) not in (1, 2, 4, 8, 16):

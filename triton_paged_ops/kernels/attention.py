@@ -258,7 +258,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     policy (``programs_per_sm``, ``min_segment``, ``max_segment``) or a fixed split count (``num_splits``), the
     batch-invariant segment (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
     outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest) and who merges split-KV partials
-    (``split_merge``: 1 a second kernel, 2 the last segment program of each tile).
+    (``split_merge``: 1 a second kernel, 2 the last segment program of each tile), and the KV tile width of
+    one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -825,9 +826,13 @@ def _cached_launch_plan(
         small_n = min(small["BLOCK_N"], cfg["BLOCK_N"])
         if small_m >= cfg["BLOCK_M"]:
             small_m = small_n = 0
-    cfg = {**cfg, "SMALL_M": small_m, "SMALL_N": small_n}
     split = split_plan_for(cfg, num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, device_index, batch_invariant,
                            workspace_token_bytes(num_q_heads, head_dim_v), block_q)  # fmt: skip
+    if small_n and split.num_splits == 1 and "small_block_n" in cfg:
+        # Without segments there are no shared tile edges to keep: the one-token rows may take a wider KV tile than
+        # the tall ones (more bytes in flight per program; the compiler overlaps the two branches' shared buffers).
+        small_n = cfg["small_block_n"]
+    cfg = {**cfg, "SMALL_M": small_m, "SMALL_N": small_n}
     # Sequence b owns query blocks from cu_seqlens_q[b] // block_q + b on, so T // block_q + B bounds them all.
     one_block = max_seqlen_q <= block_q
     # (The merge's own flags stay off without it: no extra compiled variants.)
@@ -859,24 +864,34 @@ def _cached_launch_plan(
 
 _KERNEL_IDS: dict[tuple, int] = {}
 _launch_attention = Launcher(_paged_attention_kernel, num_tensors=16, num_floats=2)
-# In-kernel merges count each tile's finished segments here: per (device, stream), zero between launches (the last
-# program of a tile resets its counter). Outgrown buffers stay alive: a captured CUDA graph may still use one.
-_MERGE_COUNTERS: dict[tuple, torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []
+# Scratch memory reused from call to call: the split-KV workspace (partial outputs and lse) and the in-kernel merge's
+# arrival counters (zero between launches: the last program of a tile resets its counter). One buffer per (kind,
+# device, stream): launches on one stream run in order, so a buffer is free again when the next launch there starts
+# (the caching allocator gives per-call allocations the same guarantee). Saves an allocation per call.
+_SCRATCH: dict[tuple, torch.Tensor] = {}
+# True when the current CUDA stream is capturing a graph; a missing hook reads as capturing (fresh buffers).
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: True)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _merge_counters(device: torch.device, n: int, fresh: bool) -> torch.Tensor:
-    """At least ``n`` zero int32 arrival counters for a launch on ``device``'s current stream (``fresh``: a new
-    buffer, for traced launches that must not touch state outside their graph)."""
-    if fresh:
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    # Launches on different streams may overlap, so each stream has its own counters.
-    key = (device, torch._C._cuda_getCurrentRawStream(device.index) if device.type == "cuda" else 0)
-    buf = _MERGE_COUNTERS.get(key)
+def current_stream(device_index: int | None) -> int | None:
+    """The raw handle of the current stream of CUDA (or HIP) device ``device_index`` (None: no device)."""
+    return None if device_index is None else _raw_stream(device_index)
+
+
+def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: int | None, fresh: bool,
+             zero: bool = False) -> torch.Tensor:  # fmt: skip
+    """At least ``n`` elements (zeros if ``zero``) for launches on ``like``'s device and ``stream``. ``fresh``: a new
+    buffer, for traced launches (``wrap``), whose memory belongs to their graph. So does a stream capturing a CUDA
+    graph: a graph must not share a buffer with later eager calls or other graphs, which may run beside it."""
+    if fresh or (stream is not None and _capturing()):
+        return like.new_zeros(n, dtype=dtype) if zero else like.new_empty(n, dtype=dtype)
+    key = (kind, like.device.index, stream)
+    buf = _SCRATCH.get(key)
     if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = _MERGE_COUNTERS[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        # The old buffer is dropped: work queued on this stream that still uses it runs before any reuse.
+        size = max(n, 4096)
+        buf = _SCRATCH[key] = like.new_zeros(size, dtype=dtype) if zero else like.new_empty(size, dtype=dtype)
     return buf
 
 
@@ -895,7 +910,10 @@ class PreparedLaunch:
     lse_elems: int = 0
     out_elems: int = 0
     merge_counts: int = 0  # arrival counters an in-kernel merge needs (0: none)
+    device_index: int | None = None  # the CUDA device launched on (None: the interpreter)
     fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
+    # The last reused workspace and its two views (slicing costs ~1.7 µs a call): (buffer, partial outs, lse).
+    workspace: tuple | None = None
 
 
 def prepare_attention_launch(
@@ -951,7 +969,8 @@ def prepare_attention_launch(
         *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
         block_table.stride(0), plan.segment_len, splits, *final_strides,
     )  # fmt: skip
-    return PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems, merge_counts)
+    return PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems, merge_counts,
+                          None if interpret else q.device.index)  # fmt: skip
 
 
 def run_attention_launch(
@@ -971,14 +990,22 @@ def run_attention_launch(
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
     lp = p.plan
+    # One stream query for the scratch buffers and both launches.
+    stream = current_stream(p.device_index)
     if p.out_elems:
-        # One allocation for both partials; the attention kernel addresses them through its stride arguments.
-        dst_lse = q.new_empty(p.lse_elems + p.out_elems, dtype=torch.float32)
-        dst_out = dst_lse[p.lse_elems :]
+        # One buffer for both partials; the attention kernel addresses them through its stride arguments.
+        buf = _scratch("workspace", q, p.lse_elems + p.out_elems, torch.float32, stream, wrap is not None)
+        ws = p.workspace
+        if ws is None or ws[0] is not buf:
+            ws = (buf, buf[p.lse_elems :], buf)
+            if buf is _SCRATCH.get(("workspace", q.device.index, stream)):
+                p.workspace = ws  # (a fresh buffer is not kept alive here)
+        _, dst_out, dst_lse = ws
     else:
         dst_out, dst_lse = out, lse if lse is not None else out
     if p.merge_counts:
-        merge = (_merge_counters(q.device, p.merge_counts, wrap is not None), out, lse if lse is not None else out)
+        counts = _scratch("merge_counts", q, p.merge_counts, torch.int32, stream, wrap is not None, zero=True)
+        merge = (counts, out, lse if lse is not None else out)
     else:
         merge = (q, q, q)
     # Absent optional tensors are never read (their constexpr flags are off): q stands in for the pointer.
@@ -988,9 +1015,9 @@ def run_attention_launch(
         alibi_slopes if alibi_slopes is not None else q, sinks if sinks is not None else q,
         k_scale if k_scale is not None else q, v_scale if v_scale is not None else q, *merge, *p.tail,
     )  # fmt: skip
-    p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key)
+    p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key, stream)
     if p.reduce is not None:
-        launch_reduce(p.reduce, dst_out, dst_lse, cu_seqlens_q, out, lse, wrap)
+        launch_reduce(p.reduce, dst_out, dst_lse, cu_seqlens_q, out, lse, wrap, stream)
 
 
 def _launch_paged_attention(

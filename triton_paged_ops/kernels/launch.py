@@ -78,12 +78,14 @@ class Launcher:
         fixed = self.fixed_key(args, device, static)
         return None if fixed is None else (fixed, _alignment(list(map(_data_ptr, args[self.tensors]))))
 
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None, fixed=None):
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None, fixed=None,
+                 stream: int | None = None):  # fmt: skip
         """Launch ``kernel[grid](*args, **constexprs, **options)``; returns the fixed key it used (or None).
 
         ``static`` must identify ``constexprs`` and ``options`` (e.g. a launch plan's variant key): it is part of
         the cache key in their place, so they are not hashed per call. ``fixed``: what ``fixed_key`` returned for
-        an earlier call with the same dtypes and non-tensor arguments (saves recomputing it). ``wrap`` (e.g.
+        an earlier call with the same dtypes and non-tensor arguments (saves recomputing it). ``stream``: the raw
+        handle of the device's current stream, if the caller has it (else looked up). ``wrap`` (e.g.
         ``torch.library.wrap_triton``) takes Triton's own path through the wrapped kernel.
         """
         global _enabled
@@ -117,7 +119,8 @@ class Launcher:
                 raise RuntimeError(f"{self.kernel.fn.__name__}: the short launch path picked another compiled kernel "
                                    "than Triton would; report this with the call's shapes and strides")  # fmt: skip
         try:
-            stream = driver.active.get_current_stream(fixed[1])
+            if stream is None:
+                stream = driver.active.get_current_stream(fixed[1])
             g1 = grid[1] if len(grid) > 1 else 1
             g2 = grid[2] if len(grid) > 2 else 1
             runtime = triton.knobs.runtime

@@ -237,13 +237,15 @@ def launch_reduce(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     wrap=None,
+    stream: int | None = None,
 ) -> None:
     """Launch a planned reduce on tensors with the metadata it was planned from. Without ``lse`` the kernel is
-    given ``part_lse`` in its place (never written: ``WRITE_LSE`` is off).
+    given ``part_lse`` in its place (never written: ``WRITE_LSE`` is off). ``stream``: the current stream's raw
+    handle, if the caller has it.
 
     ``wrap``, if given, is applied to the kernel before launch (``torch.library.wrap_triton`` inside a
     ``triton_op``).
     """
     args = (part_out, part_lse, out, lse if lse is not None else part_lse, cu_seqlens_q, *plan.tail)
     plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, _REDUCE_OPTIONS, plan.static, wrap,
-                                    plan.fixed_key)  # fmt: skip
+                                    plan.fixed_key, stream)  # fmt: skip
