@@ -99,6 +99,13 @@ def _alone(p, b, rows: slice, seq_len: int, kv_bound: int, tiles):
                seed=165, fp8_cache=False),
           0, {"BLOCK_N": 16, "invariant_segment": 16}, 0, 0),
 )  # fmt: skip
+@example(  # the shipped bf16 + fp8-cache decode entry (its own segment length) on a GPU: split decode steps vs fold
+    case=(Spec(q_lens=[20, 1, 5], kv_lens=[900 if ON_CPU else 7000, 600 if ON_CPU else 5000, 300], pad_tokens=2,
+               page_size=16, num_kv_heads=2, group=4, head_dim=128, head_dim_v=128, dtype=DTYPES[0], causal=True,
+               window_left=-1, softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=True, scale=0.1,
+               strided=False, spare_pages=1, extra_cols=1, tiles=None, seed=21, fp8_cache=True),
+          0, None, 16, 3),
+)  # fmt: skip
 def test_rows_bitwise_invariant(case):
     spec, b, tiles, slack_k, slack_q = case
     spec.kv_lens = [max(k, 1) if spec.fp8_cache else k for k in spec.kv_lens]
