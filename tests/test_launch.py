@@ -170,7 +170,7 @@ def _workspaces() -> dict:
     return {k: v for k, v in attention._SCRATCH.items() if k[0] == "workspace"}
 
 
-def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be(monkeypatch):
+def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec, p = _small_problem(device, seed=7)
     rows = p.num_real_tokens
@@ -202,14 +202,26 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be(monkeypatch)
         got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
         assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
-    # Traced launches (wrap) and CUDA-graph captures get their own buffer, never the shared one.
+    # Traced launches (wrap) and launches on other streams than the default one get their own buffer.
     t = p.q
     shared = attention._scratch("workspace", t, 16, torch.float32, None, False)
     assert attention._scratch("workspace", t, 16, torch.float32, None, False) is shared
     assert attention._scratch("workspace", t, 16, torch.float32, None, True) is not shared
-    monkeypatch.setattr(attention, "_capturing", lambda: True)
-    assert attention._scratch("workspace", t, 16, torch.float32, 1234, False).data_ptr() not in {
-        b.data_ptr() for b in attention._SCRATCH.values()
-    }
-    counts = attention._scratch("merge_counts", t, 40, torch.int32, 1234, False, zero=True)
+    counts = attention._scratch("merge_counts", t, 40, torch.int32, None, True, zero=True)
     assert counts.numel() == 40 and not counts.any()
+    if device == "cuda":
+        default = attention.current_stream(t.device.index)
+        assert attention._scratch("workspace", t, 16, torch.float32, default, False) is shared
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            other = attention.current_stream(t.device.index)
+            assert other != default
+            assert attention._scratch("workspace", t, 16, torch.float32, other, False) is not shared
+            # A split call on the side stream: right answer, nothing kept for it.
+            before = {k: id(v) for k, v in attention._SCRATCH.items()}
+            with attention.attention_config_override(BLOCK_N=16, num_splits=2):
+                got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
+        torch.cuda.synchronize()
+        assert before == {k: id(v) for k, v in attention._SCRATCH.items()}
+        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
+                                  None, spec.dtype, rows)  # fmt: skip

@@ -405,8 +405,8 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> 
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--config", default=None, metavar="K=V,...",
                    help="force launch options for every case, e.g. BLOCK_N=64,num_warps=4,num_stages=3,num_splits=8 "
-                   "or decode_order=1 / split_merge=2 / small_block_n=128 (keys: attention_config_override; default: the tuned table "
-                   "or built-in choice)")  # fmt: skip
+                   "or decode_order=1 / split_merge=2 / small_block_n=128 (keys: attention_config_override; default: "
+                   "the tuned table or built-in choice)")  # fmt: skip
 
 
 def bench_command(args, prog: str, argv: list[str] | None) -> int:

@@ -866,12 +866,13 @@ _KERNEL_IDS: dict[tuple, int] = {}
 _launch_attention = Launcher(_paged_attention_kernel, num_tensors=16, num_floats=2)
 # Scratch memory reused from call to call: the split-KV workspace (partial outputs and lse) and the in-kernel merge's
 # arrival counters (zero between launches: the last program of a tile resets its counter). One buffer per (kind,
-# device, stream): launches on one stream run in order, so a buffer is free again when the next launch there starts
-# (the caching allocator gives per-call allocations the same guarantee). Saves an allocation per call.
+# device), used only by launches on the device's default stream: they run in order, so a buffer is free again when
+# the next launch starts (the caching allocator gives per-call allocations the same guarantee). Other streams get a
+# new buffer per call: CUDA graphs are captured, and torch.compile's CUDA-graph trees warm up, on side streams,
+# whose allocations belong to the graph's memory pool (a buffer kept here would outlive or leak into it).
 _SCRATCH: dict[tuple, torch.Tensor] = {}
-# True when the current CUDA stream is capturing a graph; a missing hook reads as capturing (fresh buffers).
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: True)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_DEFAULT_STREAMS: dict[int, int] = {}
 
 
 def current_stream(device_index: int | None) -> int | None:
@@ -879,17 +880,24 @@ def current_stream(device_index: int | None) -> int | None:
     return None if device_index is None else _raw_stream(device_index)
 
 
+def _default_stream(device_index: int) -> int:
+    handle = _DEFAULT_STREAMS.get(device_index)
+    if handle is None:
+        handle = _DEFAULT_STREAMS[device_index] = torch.cuda.default_stream(device_index).cuda_stream
+    return handle
+
+
 def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: int | None, fresh: bool,
              zero: bool = False) -> torch.Tensor:  # fmt: skip
-    """At least ``n`` elements (zeros if ``zero``) for launches on ``like``'s device and ``stream``. ``fresh``: a new
-    buffer, for traced launches (``wrap``), whose memory belongs to their graph. So does a stream capturing a CUDA
-    graph: a graph must not share a buffer with later eager calls or other graphs, which may run beside it."""
-    if fresh or (stream is not None and _capturing()):
+    """At least ``n`` elements (zeros if ``zero``) for a launch on ``like``'s device and its current ``stream`` (None:
+    the interpreter). ``fresh``: a new buffer whatever the stream (traced launches, ``wrap``: their memory belongs
+    to their graph)."""
+    if fresh or (stream is not None and stream != _default_stream(like.device.index)):
         return like.new_zeros(n, dtype=dtype) if zero else like.new_empty(n, dtype=dtype)
-    key = (kind, like.device.index, stream)
+    key = (kind, like.device)
     buf = _SCRATCH.get(key)
     if buf is None or buf.numel() < n:
-        # The old buffer is dropped: work queued on this stream that still uses it runs before any reuse.
+        # The old buffer is dropped: launches queued on the stream that still use it run before any reuse.
         size = max(n, 4096)
         buf = _SCRATCH[key] = like.new_zeros(size, dtype=dtype) if zero else like.new_empty(size, dtype=dtype)
     return buf
@@ -998,7 +1006,7 @@ def run_attention_launch(
         ws = p.workspace
         if ws is None or ws[0] is not buf:
             ws = (buf, buf[p.lse_elems :], buf)
-            if buf is _SCRATCH.get(("workspace", q.device.index, stream)):
+            if buf is _SCRATCH.get(("workspace", q.device)):
                 p.workspace = ws  # (a fresh buffer is not kept alive here)
         _, dst_out, dst_lse = ws
     else:
