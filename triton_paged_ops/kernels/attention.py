@@ -1000,9 +1000,14 @@ def run_attention_launch(
     lp = p.plan
     # One stream query for the scratch buffers and both launches.
     stream = current_stream(p.device_index)
-    if p.out_elems:
+    if p.out_elems and wrap is not None:
+        # Traced: two tensors, since a traced kernel's mutated arguments must not alias (functionalization would
+        # copy them apart, and the reduce would read stale partials).
+        dst_lse = q.new_empty(p.lse_elems, dtype=torch.float32)
+        dst_out = q.new_empty(p.out_elems, dtype=torch.float32)
+    elif p.out_elems:
         # One buffer for both partials; the attention kernel addresses them through its stride arguments.
-        buf = _scratch("workspace", q, p.lse_elems + p.out_elems, torch.float32, stream, wrap is not None)
+        buf = _scratch("workspace", q, p.lse_elems + p.out_elems, torch.float32, stream, False)
         ws = p.workspace
         if ws is None or ws[0] is not buf:
             ws = (buf, buf[p.lse_elems :], buf)
