@@ -71,12 +71,11 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
-        reduce_consts = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-                             BLOCK_S=8 if invariant else triton.next_power_of_2(lp.split.num_splits), WRITE_LSE=lse,
-                             SEQUENTIAL=invariant)  # fmt: skip
+        rp = merge.reduce_plan(lp.split.num_splits, 4, 8 * group, head_dim, (0, 0, 0), (0, 0, 0), num_seqs, (0, 0),
+                               (0, 0) if lse else None, invariant)  # fmt: skip
         reduce_ptrs = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
                        "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
-        out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), reduce_consts, {"num_warps": 4})
+        out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), rp.constexprs, rp.options)
     return out
 
 

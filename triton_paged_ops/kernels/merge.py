@@ -109,6 +109,19 @@ def _launch_merge_attn_states(
     )  # fmt: skip
 
 
+@triton.jit
+def _load_segments(part_out_ptr, part_lse_ptr, s0, offs_s, offs_d, d_mask, num_splits, stride_po_s, stride_pl_s):
+    """Partial lse [BLOCK_S] and outputs [BLOCK_S, BLOCK_D] of segments s0, s0 + 1, ... (empty past the last)."""
+    s_mask = s0 + offs_s < num_splits
+    lse = tl.load(part_lse_ptr + (s0 + offs_s) * stride_pl_s, mask=s_mask, other=float("-inf"))
+    out = tl.load(
+        part_out_ptr + (s0 + offs_s)[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    return lse, out
+
+
 # Per-batch values (batch size, split count, workspace strides): not specialised, so batches reuse one variant.
 @triton.jit(do_not_specialize=("num_seqs", "num_splits", "stride_po_s", "stride_pl_s"))
 def _reduce_splits_kernel(
@@ -153,22 +166,21 @@ def _reduce_splits_kernel(
         # Segment 0 as it is: folding it into an empty state would give it back unchanged.
         lse = tl.load(part_lse_ptr)
         out = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
-        # The rest in groups of BLOCK_S loaded at once (one memory latency per group, not per segment), then folded
-        # one by one in order; picking a row out of the group adds only zeros to it, so it is exact.
+        # The rest in groups of BLOCK_S loaded at once, each group's loads issued before the previous group is
+        # folded (one memory latency per launch, not per group), then folded one by one in order; picking a row out
+        # of the group adds only zeros to it, so it is exact (and, the group's rows being in one thread, cheap).
         offs_s = tl.arange(0, BLOCK_S)
+        lse_grp, out_grp = _load_segments(part_out_ptr, part_lse_ptr, 1, offs_s, offs_d, d_mask, num_splits,
+                                          stride_po_s, stride_pl_s)  # fmt: skip
         for s0 in range(1, num_splits, BLOCK_S):
-            s_mask = s0 + offs_s < num_splits
-            lse_grp = tl.load(part_lse_ptr + (s0 + offs_s) * stride_pl_s, mask=s_mask, other=float("-inf"))
-            out_grp = tl.load(
-                part_out_ptr + (s0 + offs_s)[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
-                mask=s_mask[:, None] & d_mask[None, :],
-                other=0.0,
-            )
+            lse_next, out_next = _load_segments(part_out_ptr, part_lse_ptr, s0 + BLOCK_S, offs_s, offs_d, d_mask,
+                                                num_splits, stride_po_s, stride_pl_s)  # fmt: skip
             for g in tl.static_range(BLOCK_S):
                 lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
                 o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
                 w_a, w_b, lse = _fold_weights(lse, lse_s)  # padding past num_splits is empty: no change
                 out = _fold_out(out, o_s, w_a, w_b)
+            lse_grp, out_grp = lse_next, out_next
     else:
         offs_s = tl.arange(0, BLOCK_S)
         s_mask = offs_s < num_splits
@@ -191,7 +203,6 @@ def _reduce_splits_kernel(
 
 
 _launch_reduce = Launcher(_reduce_splits_kernel, num_tensors=5, num_floats=0)
-_REDUCE_OPTIONS = {"num_warps": 4}
 
 
 @dataclasses.dataclass
@@ -201,7 +212,8 @@ class ReducePlan:
     grid: tuple[int, int]
     tail: tuple  # the kernel's int arguments, in order
     constexprs: dict
-    static: tuple  # identifies ``constexprs`` in the launcher's key
+    options: dict  # Triton launch options (num_warps)
+    static: tuple  # identifies ``constexprs`` and ``options`` in the launcher's key
     fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
 
 
@@ -224,9 +236,13 @@ def reduce_plan(
     want_lse = lse_strides is not None
     tail = (num_seqs, num_splits, *part_out_strides, *part_lse_strides, *out_strides,
             *(lse_strides if want_lse else part_lse_strides[1:]))  # fmt: skip
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_S=block_s,
-                      WRITE_LSE=want_lse, SEQUENTIAL=sequential)  # fmt: skip
-    return ReducePlan((num_tokens, num_heads), tail, constexprs, (head_dim, block_s, want_lse, sequential))
+    block_d = triton.next_power_of_2(head_dim)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=want_lse, SEQUENTIAL=sequential)
+    # The sequential fold picks one segment's row out of a group per step: narrow rows on 4 warps would split the
+    # group's rows across warps (a reduction through shared memory per step, seen in the sm_90 PTX); one warp
+    # keeps each column's rows in one thread.
+    options = {"num_warps": 1 if sequential and block_d <= 64 else 4}
+    return ReducePlan((num_tokens, num_heads), tail, constexprs, options, (head_dim, block_s, want_lse, sequential))
 
 
 def launch_reduce(
@@ -247,5 +263,5 @@ def launch_reduce(
     ``triton_op``).
     """
     args = (part_out, part_lse, out, lse if lse is not None else part_lse, cu_seqlens_q, *plan.tail)
-    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, _REDUCE_OPTIONS, plan.static, wrap,
+    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, plan.options, plan.static, wrap,
                                     plan.fixed_key, stream)  # fmt: skip
