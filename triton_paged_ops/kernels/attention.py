@@ -32,7 +32,14 @@ import triton.language as tl
 
 from triton_paged_ops import configs
 from triton_paged_ops.kernels.launch import Launcher
-from triton_paged_ops.kernels.merge import ReducePlan, _fold_out, _fold_weights, launch_reduce, reduce_plan
+from triton_paged_ops.kernels.merge import (
+    ReducePlan,
+    _fold_out,
+    _fold_result,
+    _fold_step,
+    launch_reduce,
+    reduce_plan,
+)
 from triton_paged_ops.plan import (
     INVARIANT_SEGMENT,
     MAX_SPLIT_Q_LEN,
@@ -408,7 +415,8 @@ def _attend_block(
         # folded in order: the arithmetic of split programs + the sequential reduce, so a row's bits do not depend
         # on whether (or how) its keys were split, nor on the other rows of its tile.
         out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-        lse2 = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        m_fold = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
         # Segment 0 holds the sink even when a window skips its keys.
         first_seg = 0 if HAS_SINKS else (kv_lo // segment_len) * segment_len
         for seg_lo in range(first_seg, kv_hi, segment_len):
@@ -423,8 +431,10 @@ def _attend_block(
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION,
             )  # fmt: skip
             o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
-            w_a, w_b, lse2 = _fold_weights(lse2, lse_seg)
-            out = _fold_out(out, o_seg, w_a[:, None], w_b[:, None])
+            m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
+            out = _fold_out(out, o_seg, alpha[:, None], beta[:, None])
+        total_safe, lse2 = _fold_result(m_fold, total)
+        out = out / total_safe[:, None]
     else:
         acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
         acc, m_i, l_i = _attend_range(
@@ -489,7 +499,7 @@ def _merge_segments(
             m = tl.maximum(m, tl.max(lse_grp, 0))
         m_safe = tl.where(m == float("-inf"), 0.0, m)  # every segment empty: weights exp2(-inf) = 0, not NaN
     out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-    lse = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    m_fold = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_M], dtype=tl.float32)
     # Segments in order, each loaded two steps ahead of its use (the loads do not wait for the merge arithmetic).
     l_0 = tl.load(part_l, mask=row_valid, other=float("-inf"))
@@ -501,14 +511,17 @@ def _merge_segments(
         l_2 = tl.load(part_l + (s + 2) * stride_lse_split, mask=row_valid & ahead, other=float("-inf"))
         o_2 = tl.load(part_o + (s + 2) * stride_o_split, mask=mask & ahead, other=0.0)
         if SEQUENTIAL:
-            w_a, w_b, lse = _fold_weights(lse, l_0)
-            out = _fold_out(out, o_0, w_a[:, None], w_b[:, None])
+            m_fold, total, alpha, beta = _fold_step(m_fold, total, l_0)
+            out = _fold_out(out, o_0, alpha[:, None], beta[:, None])
         else:
             w = tl.exp2(l_0 - m_safe)
             total += w
             out += o_0 * w[:, None]
         l_0, o_0, l_1, o_1 = l_1, o_1, l_2, o_2
-    if not SEQUENTIAL:
+    if SEQUENTIAL:
+        total_safe, lse = _fold_result(m_fold, total)
+        out = out / total_safe[:, None]
+    else:
         total_safe = tl.where(total > 0.0, total, 1.0)
         out = out / total_safe[:, None]
         lse = tl.where(total > 0.0, m_safe + tl.log2(total_safe), float("-inf"))

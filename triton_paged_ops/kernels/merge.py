@@ -21,14 +21,9 @@ LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # and back
 
 @triton.jit
 def _fold_weights(lse_a, lse_b):
-    """Weights of ``a`` (all keys so far) and ``b`` (the next run of keys) in their merge, and the merged base-2
-    log-sum-exp. An empty side (-inf) gives weights exactly 1 and 0, so folding an empty run changes nothing and
-    folding into an empty state gives the run back bit for bit (exp2(0) / exp2(0) need not be exactly 1).
-
-    Batch-invariant mode folds a row's fixed KV segments in order with this one definition, whether one program
-    walks them (``_paged_attention_kernel``) or split programs wrote them (``_reduce_splits_kernel``): the same
-    operations on the same fp32 values give the same bits either way.
-    """
+    """Weights of ``a`` and ``b`` (attention over two disjoint key sets) in their merge, and the merged base-2
+    log-sum-exp. An empty side (-inf) gives weights exactly 1 and 0, so merging with an empty set changes nothing
+    (exp2(0) / exp2(0) need not be exactly 1)."""
     m = tl.maximum(lse_a, lse_b)
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     w_a = tl.exp2(lse_a - m_safe)
@@ -40,6 +35,33 @@ def _fold_weights(lse_a, lse_b):
     w_b = tl.where(lse_b == float("-inf"), 0.0, tl.where(lse_a == float("-inf"), 1.0, w_b / total_safe))
     lse = tl.where(lse_b == float("-inf"), lse_a, tl.where(lse_a == float("-inf"), lse_b, lse))
     return w_a, w_b, lse
+
+
+@triton.jit
+def _fold_step(m, total, lse_b):
+    """One step of folding runs of keys in order (batch-invariant mode): the running maximum ``m`` and sum
+    ``total`` (of exp2(lse - m) over the runs so far; start: -inf and 0) take the next run's base-2 lse ``lse_b``.
+    Returns the new ``m`` and ``total`` and the factors (``alpha`` for the sum of outputs so far, ``beta`` for the
+    next run's normalised output) of ``_fold_out``; ``_fold_result`` normalises at the end.
+
+    Only a max carries from step to step before the exponentials, so the steps pipeline (a normalised merge per
+    step chains an exp2, a log2 and a division). An empty run (-inf) changes nothing, bit for bit. Batch-invariant
+    mode folds a row's fixed KV segments with these operations whether one program walks them
+    (``_paged_attention_kernel``) or split programs wrote them (``_reduce_splits_kernel``, or the in-kernel merge):
+    the same operations on the same fp32 values give the same bits either way.
+    """
+    m_new = tl.maximum(m, lse_b)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.where(lse_b == float("-inf"), 1.0, tl.exp2(m - m_safe))
+    beta = tl.exp2(lse_b - m_safe)
+    return m_new, tl.fma(total, alpha, beta), alpha, beta
+
+
+@triton.jit
+def _fold_result(m, total):
+    """The divisor of a fold's output sum and its base-2 lse (-inf, divisor 1, when every run was empty)."""
+    total_safe = tl.where(total > 0.0, total, 1.0)
+    return total_safe, tl.where(total > 0.0, m + tl.log2(total_safe), float("-inf"))
 
 
 @triton.jit
@@ -150,7 +172,7 @@ def _reduce_splits_kernel(
 ):
     """Merge the split-KV partials (outputs and base-2 log-sum-exps) of one (token, head): program ids (token, head).
 
-    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_weights`` (``BLOCK_S``
+    ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_step`` (``BLOCK_S``
     segments loaded per step); otherwise all segments are weighted at once.
     """
     token = tl.program_id(0).to(tl.int64)
@@ -163,24 +185,26 @@ def _reduce_splits_kernel(
     part_out_ptr += token * stride_po_t + head * stride_po_h
     part_lse_ptr += token * stride_pl_t + head * stride_pl_h
     if SEQUENTIAL:
-        # Segment 0 as it is: folding it into an empty state would give it back unchanged.
-        lse = tl.load(part_lse_ptr)
-        out = tl.load(part_out_ptr + offs_d, mask=d_mask, other=0.0)
-        # The rest in groups of BLOCK_S loaded at once, each group's loads issued before the previous group is
-        # folded (one memory latency per launch, not per group), then folded one by one in order; picking a row out
-        # of the group adds only zeros to it, so it is exact (and, the group's rows being in one thread, cheap).
+        m = tl.full([], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([], dtype=tl.float32)
+        out = tl.zeros([BLOCK_D], dtype=tl.float32)
+        # Segments in groups of BLOCK_S loaded at once, each group's loads issued before the previous group is
+        # folded, then folded one by one in order; picking a row out of the group adds only zeros to it, so it is
+        # exact.
         offs_s = tl.arange(0, BLOCK_S)
-        lse_grp, out_grp = _load_segments(part_out_ptr, part_lse_ptr, 1, offs_s, offs_d, d_mask, num_splits,
+        lse_grp, out_grp = _load_segments(part_out_ptr, part_lse_ptr, 0, offs_s, offs_d, d_mask, num_splits,
                                           stride_po_s, stride_pl_s)  # fmt: skip
-        for s0 in range(1, num_splits, BLOCK_S):
+        for s0 in range(0, num_splits, BLOCK_S):
             lse_next, out_next = _load_segments(part_out_ptr, part_lse_ptr, s0 + BLOCK_S, offs_s, offs_d, d_mask,
                                                 num_splits, stride_po_s, stride_pl_s)  # fmt: skip
             for g in tl.static_range(BLOCK_S):
                 lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
                 o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
-                w_a, w_b, lse = _fold_weights(lse, lse_s)  # padding past num_splits is empty: no change
-                out = _fold_out(out, o_s, w_a, w_b)
+                m, total, alpha, beta = _fold_step(m, total, lse_s)  # padding past num_splits is empty: no change
+                out = _fold_out(out, o_s, alpha, beta)
             lse_grp, out_grp = lse_next, out_next
+        total_safe, lse = _fold_result(m, total)
+        out = out / total_safe
     else:
         offs_s = tl.arange(0, BLOCK_S)
         s_mask = offs_s < num_splits
