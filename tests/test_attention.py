@@ -235,7 +235,7 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
         assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
         assert torch.equal(out[:n], first[0][:n]) and torch.equal(lse[:n], first[1][:n]), (merge, order)
         assert out[n:].isnan().all()  # padding rows stay unwritten
-    assert all(not c.any() for k, c in attention._SCRATCH.items() if k[0] == "merge_counts")
+    assert all(not c.any() for k, c in attention._scratch_buffers().items() if k[0] == "merge_counts")
 
 
 def _launch_plan(p, batch_invariant: bool = False):

@@ -3,6 +3,7 @@ runs exactly the compiled kernel Triton's own launch would pick, with the same r
 
 from __future__ import annotations
 
+import threading
 import types
 
 import pytest
@@ -167,7 +168,7 @@ def test_prepared_launches_follow_each_calls_alignment_with_same_bits():
 
 
 def _workspaces() -> dict:
-    return {k: v for k, v in attention._SCRATCH.items() if k[0] == "workspace"}
+    return {k: v for k, v in attention._scratch_buffers().items() if k[0] == "workspace"}
 
 
 def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
@@ -175,7 +176,7 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
     spec, p = _small_problem(device, seed=7)
     rows = p.num_real_tokens
     for key in list(_workspaces()):
-        del attention._SCRATCH[key]
+        del attention._scratch_buffers()[key]
     with attention.attention_config_override(BLOCK_N=16, num_splits=2):
         got = tpa.paged_attention(*p.args, **p.kwargs)
         assert_close_to_reference(got, None, reference.paged_attention(*p.args[:6], spec.scale, **p.kwargs), None,
@@ -209,6 +210,13 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
     assert attention._scratch("workspace", t, 16, torch.float32, None, True) is not shared
     counts = attention._scratch("merge_counts", t, 40, torch.int32, None, True, zero=True)
     assert counts.numel() == 40 and not counts.any()
+    # Another thread's launches may interleave with this one's on the same stream: it keeps its own buffer.
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(attention._scratch("workspace", t, 16, torch.float32, None,
+                                                                            False)))  # fmt: skip
+    worker.start()
+    worker.join()
+    assert seen and seen[0] is not shared
     if device == "cuda":
         default = attention.current_stream(t.device.index)
         assert attention._scratch("workspace", t, 16, torch.float32, default, False) is shared
@@ -218,10 +226,10 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
             assert other != default
             assert attention._scratch("workspace", t, 16, torch.float32, other, False) is not shared
             # A split call on the side stream: right answer, nothing kept for it.
-            before = {k: id(v) for k, v in attention._SCRATCH.items()}
+            before = {k: id(v) for k, v in attention._scratch_buffers().items()}
             with attention.attention_config_override(BLOCK_N=16, num_splits=2):
                 got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
         torch.cuda.synchronize()
-        assert before == {k: id(v) for k, v in attention._SCRATCH.items()}
+        assert before == {k: id(v) for k, v in attention._scratch_buffers().items()}
         assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -879,11 +880,12 @@ _KERNEL_IDS: dict[tuple, int] = {}
 _launch_attention = Launcher(_paged_attention_kernel, num_tensors=16, num_floats=2)
 # Scratch memory reused from call to call: the split-KV workspace (partial outputs and lse) and the in-kernel merge's
 # arrival counters (zero between launches: the last program of a tile resets its counter). One buffer per (kind,
-# device), used only by launches on the device's default stream: they run in order, so a buffer is free again when
-# the next launch starts (the caching allocator gives per-call allocations the same guarantee). Other streams get a
-# new buffer per call: CUDA graphs are captured, and torch.compile's CUDA-graph trees warm up, on side streams,
-# whose allocations belong to the graph's memory pool (a buffer kept here would outlive or leak into it).
-_SCRATCH: dict[tuple, torch.Tensor] = {}
+# device) and thread, used only by launches on the device's default stream: one thread's launches there run in order,
+# so a buffer is free again when its next launch starts (the caching allocator gives per-call allocations the same
+# guarantee; another thread's launches may interleave with them, hence per thread). Other streams get a new buffer
+# per call: CUDA graphs are captured, and torch.compile's CUDA-graph trees warm up, on side streams, whose
+# allocations belong to the graph's memory pool (a buffer kept here would outlive or leak into it).
+_LOCAL = threading.local()
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _DEFAULT_STREAMS: dict[int, int] = {}
 
@@ -900,6 +902,14 @@ def _default_stream(device_index: int) -> int:
     return handle
 
 
+def _scratch_buffers() -> dict[tuple, torch.Tensor]:
+    """This thread's kept scratch buffers by (kind, device)."""
+    buffers = getattr(_LOCAL, "buffers", None)
+    if buffers is None:
+        buffers = _LOCAL.buffers = {}
+    return buffers
+
+
 def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: int | None, fresh: bool,
              zero: bool = False) -> torch.Tensor:  # fmt: skip
     """At least ``n`` elements (zeros if ``zero``) for a launch on ``like``'s device and its current ``stream`` (None:
@@ -907,12 +917,13 @@ def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: 
     to their graph)."""
     if fresh or (stream is not None and stream != _default_stream(like.device.index)):
         return like.new_zeros(n, dtype=dtype) if zero else like.new_empty(n, dtype=dtype)
+    buffers = _scratch_buffers()
     key = (kind, like.device)
-    buf = _SCRATCH.get(key)
+    buf = buffers.get(key)
     if buf is None or buf.numel() < n:
         # The old buffer is dropped: launches queued on the stream that still use it run before any reuse.
         size = max(n, 4096)
-        buf = _SCRATCH[key] = like.new_zeros(size, dtype=dtype) if zero else like.new_empty(size, dtype=dtype)
+        buf = buffers[key] = like.new_zeros(size, dtype=dtype) if zero else like.new_empty(size, dtype=dtype)
     return buf
 
 
@@ -1024,7 +1035,7 @@ def run_attention_launch(
         ws = p.workspace
         if ws is None or ws[0] is not buf:
             ws = (buf, buf[p.lse_elems :], buf)
-            if buf is _SCRATCH.get(("workspace", q.device)):
+            if buf is _scratch_buffers().get(("workspace", q.device)):
                 p.workspace = ws  # (a fresh buffer is not kept alive here)
         _, dst_out, dst_lse = ws
     else:
