@@ -902,6 +902,11 @@ def _default_stream(device_index: int) -> int:
     return handle
 
 
+def _kept_on(stream: int | None, like: torch.Tensor) -> bool:
+    """Whether launches on ``stream`` (None: the interpreter) reuse kept scratch buffers: only the default one."""
+    return stream is None or stream == _default_stream(like.device.index)
+
+
 def _scratch_buffers() -> dict[tuple, torch.Tensor]:
     """This thread's kept scratch buffers by (kind, device)."""
     buffers = getattr(_LOCAL, "buffers", None)
@@ -915,7 +920,7 @@ def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: 
     """At least ``n`` elements (zeros if ``zero``) for a launch on ``like``'s device and its current ``stream`` (None:
     the interpreter). ``fresh``: a new buffer whatever the stream (traced launches, ``wrap``: their memory belongs
     to their graph)."""
-    if fresh or (stream is not None and stream != _default_stream(like.device.index)):
+    if fresh or not _kept_on(stream, like):
         return like.new_zeros(n, dtype=dtype) if zero else like.new_empty(n, dtype=dtype)
     buffers = _scratch_buffers()
     key = (kind, like.device)
@@ -925,6 +930,30 @@ def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: 
         size = max(n, 4096)
         buf = buffers[key] = like.new_zeros(size, dtype=dtype) if zero else like.new_empty(size, dtype=dtype)
     return buf
+
+
+def _workspace(q: torch.Tensor, lse_elems: int, out_elems: int, stream: int | None, wrap) -> tuple:
+    """The split-KV partials (outputs, lse): views of one fp32 buffer, ``lse_elems`` lse values then ``out_elems``
+    outputs (the attention kernel addresses them through its stride arguments). A kept buffer's output view is
+    kept beside it per offset (slicing costs ~1.7 µs a call). Traced launches get two tensors: a traced kernel's
+    mutated arguments must not alias (functionalization would copy them apart, and the reduce would read stale
+    partials)."""
+    if wrap is not None:
+        return q.new_empty(out_elems, dtype=torch.float32), q.new_empty(lse_elems, dtype=torch.float32)
+    buf = _scratch("workspace", q, lse_elems + out_elems, torch.float32, stream, False)
+    if not _kept_on(stream, q):
+        return buf[lse_elems:], buf
+    views = getattr(_LOCAL, "views", None)
+    if views is None:
+        views = _LOCAL.views = {}
+    entry = views.get(q.device)
+    if entry is None or entry[0] is not buf:
+        # A new buffer: the old one's views go with it.
+        entry = views[q.device] = (buf, {})
+    out_view = entry[1].get(lse_elems)
+    if out_view is None:
+        out_view = entry[1][lse_elems] = buf[lse_elems:]
+    return out_view, buf
 
 
 @dataclasses.dataclass
@@ -944,8 +973,6 @@ class PreparedLaunch:
     merge_counts: int = 0  # arrival counters an in-kernel merge needs (0: none)
     device_index: int | None = None  # the CUDA device launched on (None: the interpreter)
     fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
-    # The last reused workspace and its two views (slicing costs ~1.7 µs a call): (buffer, partial outs, lse).
-    workspace: tuple | None = None
 
 
 def prepare_attention_launch(
@@ -982,7 +1009,7 @@ def prepare_attention_launch(
     splits = plan.num_splits
     reduce, lse_elems, out_elems = None, 0, 0
     if splits > 1:
-        # The workspace (allocated per call, contiguous): [S, T, Hq] partial lse, then [S, T, Hq, Dv] outputs.
+        # The workspace (one fp32 buffer, see _workspace): [S, T, Hq] partial lse, then [S, T, Hq, Dv] outputs.
         o_strides = (num_tokens * num_q_heads * head_dim_v, num_q_heads * head_dim_v, head_dim_v)
         l_strides = (num_tokens * num_q_heads, num_q_heads, 1)
         lse_elems = -(-splits * num_tokens * num_q_heads // 4) * 4
@@ -1024,20 +1051,8 @@ def run_attention_launch(
     lp = p.plan
     # One stream query for the scratch buffers and both launches.
     stream = current_stream(p.device_index)
-    if p.out_elems and wrap is not None:
-        # Traced: two tensors, since a traced kernel's mutated arguments must not alias (functionalization would
-        # copy them apart, and the reduce would read stale partials).
-        dst_lse = q.new_empty(p.lse_elems, dtype=torch.float32)
-        dst_out = q.new_empty(p.out_elems, dtype=torch.float32)
-    elif p.out_elems:
-        # One buffer for both partials; the attention kernel addresses them through its stride arguments.
-        buf = _scratch("workspace", q, p.lse_elems + p.out_elems, torch.float32, stream, False)
-        ws = p.workspace
-        if ws is None or ws[0] is not buf:
-            ws = (buf, buf[p.lse_elems :], buf)
-            if buf is _scratch_buffers().get(("workspace", q.device)):
-                p.workspace = ws  # (a fresh buffer is not kept alive here)
-        _, dst_out, dst_lse = ws
+    if p.out_elems:
+        dst_out, dst_lse = _workspace(q, p.lse_elems, p.out_elems, stream, wrap)
     else:
         dst_out, dst_lse = out, lse if lse is not None else out
     if p.merge_counts:
