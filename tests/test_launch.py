@@ -233,3 +233,27 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
         assert before == {k: id(v) for k, v in attention._scratch_buffers().items()}
         assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
+
+
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+def test_segments_past_a_sequence_end_leave_their_outputs_unread(invariant):
+    """A split batch where short sequences own empty segments: those programs store only lse = -inf, and the
+    reduce must not read their (stale) partial outputs: a NaN-poisoned workspace changes nothing."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    spec = Spec(q_lens=[1, 1, 1], kv_lens=[300, 20, 1], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
+                head_dim=32, head_dim_v=32, dtype=torch.float32, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=13)  # fmt: skip
+    p = build(spec, device)
+    want, want_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    cfg = dict(BLOCK_N=16, invariant_segment=64) if invariant else dict(BLOCK_N=16, num_splits=4)
+    with attention.attention_config_override(**cfg):
+        first = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
+        (plan,) = attention.PREPARED.values()
+        assert plan.plan.split.num_splits >= 4 and plan.reduce is not None
+        plan.workspace[0].fill_(float("nan"))
+        again = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
+    rows = p.num_real_tokens
+    for out, lse in (first, again):
+        assert_close_to_reference(out, lse, want, want_lse, spec.dtype, rows)
+    assert torch.equal(first[0][:rows], again[0][:rows]) and torch.equal(first[1][:rows], again[1][:rows])

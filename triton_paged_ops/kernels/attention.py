@@ -639,7 +639,7 @@ def _paged_attention_kernel(
             block_id = rest % num_blocks
             if SPLIT_KV:
                 split = rest // num_blocks
-    elif SPLIT_KV:
+    elif SPLIT_KV:  # noqa: SIM102 (a compile-time if around a run-time one)
         # Segments of one query block are adjacent program ids, so a long sequence's segments run side by side
         # instead of trailing after every other sequence's first segment.
         block_id = tl.program_id(0) // num_splits
@@ -685,6 +685,18 @@ def _paged_attention_kernel(
         lse_ptr += split.to(tl.int64) * stride_lse_split
     if MERGE_IN_KERNEL:
         merge_count_ptr += block_id * tl.num_programs(1) + kv_head  # one arrival counter per (block, KV head)
+    elif SPLIT_KV:  # noqa: SIM102 (a compile-time if around a run-time one)
+        # A segment that starts past the sequence's keys (a short sequence in a batch split for long ones) holds
+        # nothing: its partial is lse = -inf alone, without loading q; the reduce reads no output where the lse is
+        # -inf. Segment 0 still runs with sinks (it carries the sink's logit). (The in-kernel merge needs every
+        # program's arrival, so it keeps them all.)
+        if split * segment_len >= kv_len and (split > 0 or not HAS_SINKS):
+            offs_m = tl.arange(0, BLOCK_M)
+            q_tok = q_block * BLOCK_Q + offs_m // GROUP
+            row_valid = (offs_m < BLOCK_Q * GROUP) & (q_tok < q_len)
+            lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + (kv_head * GROUP + offs_m % GROUP) * stride_lse_h
+            tl.store(lse_ptr + lse_off, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=row_valid)
+            return
 
     if SMALL_M > 0:  # noqa: SIM102 (a compile-time if around a run-time one: no code without SMALL_M)
         # Tall tiles (prefill) meet one-token sequences (a mixed batch of prefill chunks and decodes): those run

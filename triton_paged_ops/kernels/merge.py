@@ -136,9 +136,10 @@ def _load_segments(part_out_ptr, part_lse_ptr, s0, offs_s, offs_d, d_mask, num_s
     """Partial lse [BLOCK_S] and outputs [BLOCK_S, BLOCK_D] of segments s0, s0 + 1, ... (empty past the last)."""
     s_mask = s0 + offs_s < num_splits
     lse = tl.load(part_lse_ptr + (s0 + offs_s) * stride_pl_s, mask=s_mask, other=float("-inf"))
+    # A segment with lse = -inf has no output written (an empty segment program stores only its lse): read as 0.
     out = tl.load(
         part_out_ptr + (s0 + offs_s)[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
+        mask=(s_mask & (lse > float("-inf")))[:, None] & d_mask[None, :],
         other=0.0,
     )
     return lse, out
@@ -216,7 +217,7 @@ def _reduce_splits_kernel(
         total_safe = tl.where(total > 0.0, total, 1.0)
         parts = tl.load(
             part_out_ptr + offs_s[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
-            mask=s_mask[:, None] & d_mask[None, :],
+            mask=(s_mask & (lse_parts > float("-inf")))[:, None] & d_mask[None, :],
             other=0.0,
         )
         out = tl.sum(parts * w[:, None], 0) / total_safe
