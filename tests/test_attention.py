@@ -213,7 +213,7 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
     n = p.num_real_tokens
     got = {}
     for merge in (1, 2):
-        for order in (1, 2, 3):
+        for order in (1, 2, 3, 4):
             # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one.)
             # (Batch-invariant mode splits by its fixed segments, here 64 keys: 11 of them for the longest row.)
             cfg = dict(
@@ -229,6 +229,10 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
                 assert plan.constexprs["DECODE_ORDER"] == order
                 assert plan.constexprs["MERGE_IN_KERNEL"] == (merge == 2 and plan.split.num_splits > 1)
                 assert plan.split.num_splits == (11 if invariant else num_splits)
+                # Every segment index must be written by this run (partial or lse = -inf), not left from the last.
+                kept = attention._scratch_buffers().get(("workspace", p.q.device))
+                if kept is not None:
+                    kept.fill_(float("nan"))
                 got[merge, order] = run_out_variant(p, batch_invariant=invariant)
     for (merge, order), (out, lse) in got.items():
         first = got[merge if not invariant else 1, 1]

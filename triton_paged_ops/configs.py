@@ -38,7 +38,8 @@ SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment")
 # Keys per fixed KV segment of batch-invariant mode (a multiple of the decode KV tile).
 INVARIANT_KEYS = ("invariant_segment",)
 # Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
-# 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest.
+# 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest; 4 like 3,
+# but each sequence's segments take the last of the segment groups (long sequences' work first, last pieces last).
 ORDER_KEYS = ("decode_order",)
 # Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile.
 MERGE_KEYS = ("split_merge",)

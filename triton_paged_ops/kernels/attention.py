@@ -265,7 +265,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     """Force launch options in a block: tiles (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``), the split
     policy (``programs_per_sm``, ``min_segment``, ``max_segment``) or a fixed split count (``num_splits``), the
     batch-invariant segment (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
-    outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest) and who merges split-KV partials
+    outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like 3 with each sequence's segments
+    in the last groups) and who merges split-KV partials
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile), and the KV tile width of
     one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows).
 
@@ -320,8 +321,9 @@ def select_attention_config(
         # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
-    # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14).
-    cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 2)
+    # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14). Order 4 adds the
+    # longest-work-first segment order: +2.7% on a ragged batch, the same elsewhere (NOTES v16).
+    cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 4)
     # Split-KV partials merged by a second kernel (1) or by the last segment program of each tile (2): on the H200
     # the in-kernel merge gained nothing in the default mode and lost on B1x32k (32 arrivals per tile; NOTES v14).
     cfg.setdefault("split_merge", 1)
@@ -634,7 +636,7 @@ def _paged_attention_kernel(
                 split = rest % num_splits
         else:
             # Segments slowest: every sequence's first segment (the longest work in a ragged batch) comes first,
-            # the empty segments of short sequences last.
+            # the empty segments of short sequences last. (Order 4 remaps the segment once the length is known.)
             num_blocks = tl.num_programs(0) // num_splits
             block_id = rest % num_blocks
             if SPLIT_KV:
@@ -680,6 +682,15 @@ def _paged_attention_kernel(
     else:
         bt_row = seq.to(tl.int64)
     bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
+    if ONE_BLOCK_PER_SEQ and DECODE_ORDER == 4 and SPLIT_KV:
+        # A sequence's segments fill the last dispatch groups: a group holds the segments of the sequences that
+        # still have one that far from their end, so the first waves run the longest sequences' full segments and
+        # every sequence's last (partial, often short) segment comes last, where short work evens out the tail.
+        # Its empty segments take the groups before (they exit at once). Any bijection onto [0, num_splits) is
+        # exact: each partial is stored at its segment's index and merged in index order.
+        n_seg = tl.minimum(tl.maximum(tl.cdiv(kv_len, segment_len), 1), num_splits)
+        lead = num_splits - n_seg
+        split = tl.where(split >= lead, split - lead, n_seg + split)
     if SPLIT_KV:
         out_ptr += split.to(tl.int64) * stride_o_split
         lse_ptr += split.to(tl.int64) * stride_lse_split
