@@ -72,7 +72,7 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
         rp = merge.reduce_plan(lp.split.num_splits, 4, 8 * group, head_dim, (0, 0, 0), (0, 0, 0), num_seqs, (0, 0),
-                               (0, 0) if lse else None, invariant)  # fmt: skip
+                               (0, 0) if lse else None, invariant, lp.constexprs["LAUNCH_DEPENDENTS"])  # fmt: skip
         reduce_ptrs = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
                        "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
         out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), rp.constexprs, rp.options)
@@ -89,6 +89,8 @@ def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
         configs.device_identity = lambda device_index, t=table: (t["gpu"], t["capability"])
         configs.triton_version = lambda t=table: t["triton"]
         plan._num_sms = lambda device_index: num_sms
+        # An sm_90 device: the reduce is a dependent launch (the attention kernel signals it, the reduce waits).
+        attention.dependent_launch_supported = lambda device_index: device_index is not None
         configs.reload()
         for e in table["entries"]:
             dtype, _, cache = e["dtype"].partition("+")

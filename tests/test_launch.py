@@ -257,3 +257,69 @@ def test_segments_past_a_sequence_end_leave_their_outputs_unread(invariant):
     for out, lse in (first, again):
         assert_close_to_reference(out, lse, want, want_lse, spec.dtype, rows)
     assert torch.equal(first[0][:rows], again[0][:rows]) and torch.equal(first[1][:rows], again[1][:rows])
+
+
+def test_reduce_plan_dependent_launch_options():
+    """A dependent reduce asks Triton for a programmatic dependent launch and waits for its producer in the kernel;
+    a traced launch (``wrap``) keeps plain stream order; interpreter plans never ask for it."""
+    args = (4, 3, 8, 64, (1536, 512, 64), (24, 8, 1), 3, (512, 64), None)
+    plain, dependent = merge_kernels.reduce_plan(*args), merge_kernels.reduce_plan(*args, dependent=True)
+    assert "launch_pdl" not in plain.options and not plain.constexprs["WAIT_PRIOR"]
+    assert dependent.options.get("launch_pdl") is True and dependent.constexprs["WAIT_PRIOR"]
+    assert "launch_pdl" not in dependent.traced_options and dependent.static != plain.static
+    assert not merge_kernels.dependent_launch_supported(None)
+
+
+@pytest.mark.gpu
+def test_dependent_reduce_launch_gives_the_plain_launchs_bits():
+    """The reduce as a programmatic dependent launch (sm_90+) must wait for every partial: eager calls and CUDA-graph
+    replays with new lengths and contents give the plain launch's bits, call after call."""
+    spec = Spec(q_lens=[1] * 6, kv_lens=[9000, 4500, 17, 1, 2100, 800], pad_tokens=1, page_size=16, num_kv_heads=2,
+                group=4, head_dim=128, head_dim_v=128, dtype=torch.bfloat16, causal=True, window_left=-1,
+                softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False,
+                spare_pages=1, extra_cols=0, tiles=None, seed=11)  # fmt: skip
+    p = build(spec, "cuda")
+    n = p.num_real_tokens
+    supported = merge_kernels.dependent_launch_supported(p.q.device.index)
+    out = torch.full((p.q.shape[0], p.q.shape[1], 128), float("nan"), dtype=p.q.dtype, device="cuda")
+    lse = torch.full(p.q.shape[:2], float("nan"), device="cuda")
+    max_k = p.block_table.shape[1] * spec.page_size
+
+    def call():
+        tpa.paged_attention_out(p.q, p.k_cache, p.v_cache, p.block_table, p.cu_seqlens_q, p.seq_lens, 1, max_k,
+                                spec.scale, out=out, lse=lse)  # fmt: skip
+
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    inputs = []
+    built = torch.tensor(spec.kv_lens, device="cuda")
+    for _ in range(4):
+        # New lengths within each sequence's built pages (the reference reads the same block table).
+        lens = (torch.rand(6, generator=gen, device="cuda") * built).to(torch.int32) + 1
+        inputs.append((lens, torch.randn(p.q.shape, generator=gen, device="cuda").to(p.q.dtype)))
+    results = {}
+    for mode in (1, 2):
+        with attention.attention_config_override(reduce_launch=mode):
+            call()  # compile outside the capture
+            (plan,) = [v for v in attention.PREPARED.values() if v is not None]
+            assert plan.plan.split.num_splits > 1 and plan.reduce is not None
+            assert plan.plan.constexprs["LAUNCH_DEPENDENTS"] == (mode == 2 and supported)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                call()
+            runs = []
+            for lens, q in inputs:
+                p.seq_lens.copy_(lens)
+                p.q.copy_(q)
+                for replay in (False, True):
+                    out.fill_(float("nan"))
+                    if replay:
+                        graph.replay()
+                    else:
+                        call()
+                    runs.append((out[:n].clone(), lse[:n].clone()))
+            results[mode] = runs
+    want, want_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(results[2][-1][0], results[2][-1][1], want, want_lse, spec.dtype, n)
+    for (a, a_lse), (b, b_lse) in zip(results[1], results[2]):
+        assert torch.equal(a, b) and torch.equal(a_lse, b_lse)

@@ -41,8 +41,9 @@ INVARIANT_KEYS = ("invariant_segment",)
 # 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest; 4 like 3,
 # but each sequence's segments take the last of the segment groups (long sequences' work first, last pieces last).
 ORDER_KEYS = ("decode_order",)
-# Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile.
-MERGE_KEYS = ("split_merge",)
+# Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile; whether that
+# second kernel is a plain launch (1) or a programmatic dependent one (2, default where the device has it).
+MERGE_KEYS = ("split_merge", "reduce_launch")
 # KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default: the
 # decode tile's width, at most the launch's own BLOCK_N).
 SMALL_KEYS = ("small_block_n",)

@@ -38,6 +38,8 @@ from triton_paged_ops.kernels.merge import (
     _fold_out,
     _fold_result,
     _fold_step,
+    dependent_launch_supported,
+    gdc_launch_dependents,
     launch_reduce,
     reduce_plan,
 )
@@ -267,7 +269,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     batch-invariant segment (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
     outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like 3 with each sequence's segments
     in the last groups) and who merges split-KV partials
-    (``split_merge``: 1 a second kernel, 2 the last segment program of each tile), and the KV tile width of
+    (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
+    second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
     one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
@@ -327,6 +330,8 @@ def select_attention_config(
     # Split-KV partials merged by a second kernel (1) or by the last segment program of each tile (2): on the H200
     # the in-kernel merge gained nothing in the default mode and lost on B1x32k (32 arrivals per tile; NOTES v14).
     cfg.setdefault("split_merge", 1)
+    # The reduce kernel as a plain launch (1) or a programmatic dependent one (2) where the device has it.
+    cfg.setdefault("reduce_launch", 2)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -619,8 +624,14 @@ def _paged_attention_kernel(
     MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr,
     FINAL_LSE: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,
+    SKIP_EMPTY_SEGMENTS: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
+    if LAUNCH_DEPENDENTS:
+        # The reduce kernel (a dependent launch) may be scheduled once every program here has started; it waits for
+        # this kernel's end before reading, so this only moves its launch off the critical path.
+        gdc_launch_dependents()
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs N >= 16")
     block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -696,17 +707,24 @@ def _paged_attention_kernel(
         lse_ptr += split.to(tl.int64) * stride_lse_split
     if MERGE_IN_KERNEL:
         merge_count_ptr += block_id * tl.num_programs(1) + kv_head  # one arrival counter per (block, KV head)
-    elif SPLIT_KV:  # noqa: SIM102 (a compile-time if around a run-time one)
+    elif SKIP_EMPTY_SEGMENTS > 0:  # noqa: SIM102 (a compile-time if around a run-time one)
         # A segment that starts past the sequence's keys (a short sequence in a batch split for long ones) holds
-        # nothing: its partial is lse = -inf alone, without loading q; the reduce reads no output where the lse is
-        # -inf. Segment 0 still runs with sinks (it carries the sink's logit). (The in-kernel merge needs every
-        # program's arrival, so it keeps them all.)
+        # nothing: its partial is lse = -inf (1: alone, the parallel reduce reads no output where the lse is -inf;
+        # 2: with zero outputs, for the sequential reduce of batch-invariant mode, whose output loads must not wait
+        # for the lse: +5% on B1x32k when they did), stored without loading q. Segment 0 still runs with sinks (it
+        # carries the sink's logit). (Off where the merge is in this kernel: its arrival count needs every program.)
         if split * segment_len >= kv_len and (split > 0 or not HAS_SINKS):
             offs_m = tl.arange(0, BLOCK_M)
             q_tok = q_block * BLOCK_Q + offs_m // GROUP
             row_valid = (offs_m < BLOCK_Q * GROUP) & (q_tok < q_len)
-            lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + (kv_head * GROUP + offs_m % GROUP) * stride_lse_h
+            q_head = kv_head * GROUP + offs_m % GROUP
+            lse_off = (q_start + q_tok).to(tl.int64) * stride_lse_t + q_head * stride_lse_h
             tl.store(lse_ptr + lse_off, tl.full([BLOCK_M], float("-inf"), dtype=tl.float32), mask=row_valid)
+            if SKIP_EMPTY_SEGMENTS == 2:
+                offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+                o_row = (q_start + q_tok).to(tl.int64) * stride_o_t + q_head * stride_o_h
+                tl.store(out_ptr + o_row[:, None] + offs_dv[None, :], tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], tl.float32),
+                         mask=row_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V))  # fmt: skip
             return
 
     if SMALL_M > 0:  # noqa: SIM102 (a compile-time if around a run-time one: no code without SMALL_M)
@@ -874,6 +892,8 @@ def _cached_launch_plan(
     one_block = max_seqlen_q <= block_q
     # (The merge's own flags stay off without it: no extra compiled variants.)
     merge_in_kernel = split.num_splits > 1 and cfg["split_merge"] == 2
+    dependent = (split.num_splits > 1 and not merge_in_kernel and cfg["reduce_launch"] == 2
+                 and dependent_launch_supported(None if interpret else device_index))  # fmt: skip
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
@@ -887,7 +907,8 @@ def _cached_launch_plan(
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"],
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
-        FINAL_LSE=merge_in_kernel and want_lse,
+        FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
+        SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
@@ -1039,7 +1060,8 @@ def prepare_attention_launch(
         out_elems = splits * num_tokens * num_q_heads * head_dim_v
         if not lp.constexprs["MERGE_IN_KERNEL"]:
             reduce = reduce_plan(splits, num_tokens, num_q_heads, head_dim_v, o_strides, l_strides, num_seqs,
-                                 out.stride()[:2], None if lse is None else lse.stride(), batch_invariant)  # fmt: skip
+                                 out.stride()[:2], None if lse is None else lse.stride(), batch_invariant,
+                                 lp.constexprs["LAUNCH_DEPENDENTS"])  # fmt: skip
     else:
         o_strides = (0, *out.stride()[:2])
         l_strides = (0, *(lse if lse is not None else out).stride()[:2])

@@ -8,12 +8,18 @@ With LSEs ``a`` and ``b``: ``lse = log(e^a + e^b)`` and ``out = e^(a - lse) * ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from triton_paged_ops.kernels.launch import Launcher
+
+try:  # Grid dependency control (programmatic dependent launch, sm_90+ CUDA): absent from some Triton builds.
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gdc_launch_dependents = gdc_wait = None
 
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # base-2 log-sum-exp to natural log
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # and back
@@ -136,10 +142,11 @@ def _load_segments(part_out_ptr, part_lse_ptr, s0, offs_s, offs_d, d_mask, num_s
     """Partial lse [BLOCK_S] and outputs [BLOCK_S, BLOCK_D] of segments s0, s0 + 1, ... (empty past the last)."""
     s_mask = s0 + offs_s < num_splits
     lse = tl.load(part_lse_ptr + (s0 + offs_s) * stride_pl_s, mask=s_mask, other=float("-inf"))
-    # A segment with lse = -inf has no output written (an empty segment program stores only its lse): read as 0.
+    # (Batch-invariant mode only: every segment program there writes its output, zeros past the sequence's end, so
+    # no load waits on its lse.)
     out = tl.load(
         part_out_ptr + (s0 + offs_s)[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
-        mask=(s_mask & (lse > float("-inf")))[:, None] & d_mask[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
     return lse, out
@@ -170,12 +177,18 @@ def _reduce_splits_kernel(
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     SEQUENTIAL: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
 ):
     """Merge the split-KV partials (outputs and base-2 log-sum-exps) of one (token, head): program ids (token, head).
 
     ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_step`` (``BLOCK_S``
-    segments loaded per step); otherwise all segments are weighted at once.
+    segments loaded per step); otherwise all segments are weighted at once, and a segment whose lse is -inf (an
+    empty segment program stores nothing else) has its output read as zeros. ``WAIT_PRIOR``: launched as a
+    programmatic dependent of the attention kernel, so the program may be resident before that kernel ends; it waits
+    for it to finish (and its writes to be visible) before touching memory.
     """
+    if WAIT_PRIOR:
+        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     # Rows past the last sequence are padding: nothing wrote their partials, and the output contract leaves them.
@@ -237,8 +250,9 @@ class ReducePlan:
     grid: tuple[int, int]
     tail: tuple  # the kernel's int arguments, in order
     constexprs: dict
-    options: dict  # Triton launch options (num_warps)
+    options: dict  # Triton launch options (num_warps, launch_pdl)
     static: tuple  # identifies ``constexprs`` and ``options`` in the launcher's key
+    traced_options: dict  # ``options`` for a launch through ``wrap`` (no dependent launch: plain stream order)
     fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
 
 
@@ -253,21 +267,37 @@ def reduce_plan(
     out_strides: tuple[int, int],
     lse_strides: tuple[int, int] | None,
     sequential: bool = False,
+    dependent: bool = False,
 ) -> ReducePlan:
     """Plan merging ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log; strides of the first three
     dims) into ``out`` (strides of its token and head dims) and, if ``lse_strides`` is given, ``lse`` (natural
-    log); ``sequential``: fold the segments in order (batch-invariant mode)."""
+    log); ``sequential``: fold the segments in order (batch-invariant mode); ``dependent``: launch as a
+    programmatic dependent of the kernel before it (``dependent_launch_supported`` devices only)."""
     block_s = 8 if sequential else max(2, triton.next_power_of_2(num_splits))
     want_lse = lse_strides is not None
     tail = (num_seqs, num_splits, *part_out_strides, *part_lse_strides, *out_strides,
             *(lse_strides if want_lse else part_lse_strides[1:]))  # fmt: skip
     block_d = triton.next_power_of_2(head_dim)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=want_lse, SEQUENTIAL=sequential)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=want_lse, SEQUENTIAL=sequential,
+                      WAIT_PRIOR=dependent)  # fmt: skip
     # The sequential fold picks one segment's row out of a group per step: narrow rows on 4 warps would split the
     # group's rows across warps (a reduction through shared memory per step, seen in the sm_90 PTX); one warp
     # keeps each column's rows in one thread.
-    options = {"num_warps": 1 if sequential and block_d <= 64 else 4}
-    return ReducePlan((num_tokens, num_heads), tail, constexprs, options, (head_dim, block_s, want_lse, sequential))
+    traced = {"num_warps": 1 if sequential and block_d <= 64 else 4}
+    # A dependent launch lets the reduce's programs be scheduled as the attention kernel's last ones run, instead of
+    # after it ends: the launch gap between the two leaves the critical path of a short decode step.
+    options = {**traced, "launch_pdl": True} if dependent else traced
+    static = (head_dim, block_s, want_lse, sequential, dependent)
+    return ReducePlan((num_tokens, num_heads), tail, constexprs, options, static, traced)
+
+
+@functools.lru_cache(maxsize=16)
+def dependent_launch_supported(device_index: int | None) -> bool:
+    """Whether kernels on CUDA device ``device_index`` (None: the interpreter) can be programmatic dependent launches:
+    sm_90 or newer, not ROCm, and a Triton with grid dependency control."""
+    if device_index is None or torch.version.hip is not None or gdc_wait is None:
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def launch_reduce(
@@ -288,5 +318,6 @@ def launch_reduce(
     ``triton_op``).
     """
     args = (part_out, part_lse, out, lse if lse is not None else part_lse, cu_seqlens_q, *plan.tail)
-    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, plan.options, plan.static, wrap,
+    options = plan.options if wrap is None else plan.traced_options
+    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, options, plan.static, wrap,
                                     plan.fixed_key, stream)  # fmt: skip
