@@ -3,6 +3,7 @@ runs exactly the compiled kernel Triton's own launch would pick, with the same r
 
 from __future__ import annotations
 
+import inspect
 import threading
 import types
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
-from triton_paged_ops import checks, reference
+from triton_paged_ops import checks, ops, reference
 from triton_paged_ops.kernels import attention
 from triton_paged_ops.kernels import merge as merge_kernels
 from triton_paged_ops.kernels.launch import Launcher
@@ -44,6 +45,101 @@ def test_key_separates_what_triton_specialises_on():
     assert key(base, 0, 5) == k  # 0 is divisible by 16
     assert launcher.key((base, 32, 5), 1, "v") != k  # device
     assert launcher.key((base, 32, 5), 0, "w") != k  # constexprs / options
+
+
+class _CompiledStandIn:
+    """What ``kernel[grid](...)`` returns on a GPU, reduced to a ``run`` that records its arguments."""
+
+    function, packed_metadata = 1234, None
+
+    def __init__(self, runs: list):
+        self.runs = runs
+
+    def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_hook, *args):
+        self.runs.append(((gx, gy, gz), stream, args))
+
+
+class _KernelStandIn:
+    """A compiled ``@triton.jit`` kernel as the launcher sees it: its parameters (from the real kernel's signature)
+    and ``kernel[grid](*args, **constexprs)``, which records Triton's own launches and returns the stand-in."""
+
+    def __init__(self, real, do_not_specialize: tuple[str, ...]):
+        names = inspect.signature(real.fn).parameters.values()
+        self.params = [types.SimpleNamespace(num=i, name=p.name, do_not_specialize=p.name in do_not_specialize,
+                                             is_constexpr="constexpr" in str(p.annotation))
+                       for i, p in enumerate(names)]  # fmt: skip
+        self.fn, self.own, self.runs = real.fn, [], []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.own.append((tuple(grid) + (1,) * (3 - len(grid)), args, kwargs))
+            return _CompiledStandIn(self.runs)
+
+        return launch
+
+    def expected_run(self, own) -> tuple:
+        """The arguments the compiled launcher gets for one of Triton's own launches: addresses, then the rest."""
+        grid, args, kwargs = own
+        values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+        values += [kwargs[p.name] for p in self.params[len(args) :]]
+        return grid, tuple(values)
+
+
+@pytest.mark.parametrize("context", [200, 4096], ids=["one launch", "split + reduce"])
+def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context, monkeypatch):
+    """Repeats of a prepared launch read the tensors' addresses themselves and call the compiled launchers
+    directly: the arguments (grid, stream, every address, scalar and constexpr, in order) must be exactly those of
+    the full path, for new output buffers and for another alignment (which first takes the full path again)."""
+    attention_kernel = _KernelStandIn(attention._paged_attention_kernel, attention._PER_BATCH_ARGS)
+    reduce_kernel = _KernelStandIn(merge_kernels._reduce_splits_kernel, ("num_seqs", "num_splits", "stride_po_s",
+                                                                          "stride_pl_s"))  # fmt: skip
+    attention_launcher = Launcher(attention_kernel, num_tensors=16, num_floats=2)
+    reduce_launcher = Launcher(reduce_kernel, num_tensors=5, num_floats=0)
+    monkeypatch.setattr(attention, "_launch_attention", attention_launcher)
+    monkeypatch.setattr(attention, "_launch_reduce", reduce_launcher)
+    monkeypatch.setattr(merge_kernels, "_launch_reduce", reduce_launcher)
+    stream = 0x5EED
+    monkeypatch.setattr(attention, "current_stream", lambda device_index: stream)
+    monkeypatch.setattr(attention, "_default_stream", lambda device_index: stream)  # the kept workspace
+    monkeypatch.setattr(ops, "_use_kernels", lambda t: True)
+    spec = Spec(q_lens=[1] * 2, kv_lens=[context, 17], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
+                head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=True, use_sinks=True, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=1, rows_dtype=torch.int32)  # fmt: skip
+    p = build(spec, "cpu")
+    flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype)
+    unaligned = flat[1:].view(p.q.shape)
+    attention.PREPARED.clear()
+    outs = []
+    for q in (p.q, p.q, unaligned, unaligned, p.q):
+        out = torch.empty(p.q.shape[0], p.q.shape[1], 64, dtype=p.q.dtype)
+        lse = torch.empty(p.q.shape[:2])
+        tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
+        outs.append((out, lse))
+    (prepared,) = attention.PREPARED.values()
+    split = prepared.reduce is not None
+    assert split == (context > 1024)
+    # Triton's own path ran once per alignment (q's changes the attention kernel's, not the reduce's); the short
+    # paths ran every other launch: (own launch it repeats, calls it ran for).
+    plans = [(attention_kernel, [0, 1, 0], (1, 3, 4))]
+    if split:
+        plans.append((reduce_kernel, [0, 0, 0, 0], (1, 2, 3, 4)))
+    else:
+        assert not reduce_kernel.own and not reduce_kernel.runs
+    for kernel, repeats, calls in plans:
+        assert len(kernel.own) == max(repeats) + 1 and len(kernel.runs) == len(repeats)
+        for i, (grid, run_stream, run_args) in zip(repeats, kernel.runs):
+            own = kernel.own[i]
+            want_grid, want = kernel.expected_run(own)
+            assert grid == want_grid and run_stream == stream
+            # Each call had new output buffers: the rest must be the same arguments exactly.
+            fresh = {t.data_ptr() for call in outs for t in call}
+            assert [a for a, w in zip(run_args, want) if w not in fresh] == [w for w in want if w not in fresh]
+        # The output addresses are each call's own: the final output and lse of the last kernel of the call.
+        out_arg = 2 if kernel is reduce_kernel else 3
+        if kernel is plans[-1][0]:
+            assert [run[2][out_arg] for run in kernel.runs] == [outs[c][0].data_ptr() for c in calls]
+            assert [run[2][out_arg + 1] for run in kernel.runs] == [outs[c][1].data_ptr() for c in calls]
 
 
 def _layouts(p):
@@ -87,6 +183,65 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context, merge):
     assert attention._launch_attention.short_launches >= short[0] + 2 * 3  # at least two per layout took it
     if context > 1024 and merge == 1:
         assert merge_kernels._launch_reduce.short_launches >= short[1] + 2 * 3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [300, 9000], ids=["one launch", "split + reduce"])
+def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, monkeypatch):
+    """A repeat of a prepared launch reads each tensor's address once and launches the recorded kernels directly
+    (``Launcher.launch_addresses``); a new alignment, a side stream and debug mode still get the right kernel and
+    the same bits as Triton's own path."""
+    spec = Spec(q_lens=[1] * 3, kv_lens=[context, context // 2, 17], pad_tokens=1, page_size=16, num_kv_heads=2,
+                group=4, head_dim=128, head_dim_v=128, dtype=torch.bfloat16, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=4)  # fmt: skip
+    p = build(spec, "cuda")
+    n = p.num_real_tokens
+    taken = {"attention": 0, "reduce": 0}
+    for name, launcher in (("attention", attention._launch_attention), ("reduce", merge_kernels._launch_reduce)):
+
+        def counting(*args, _launch=launcher.launch_addresses, _name=name):
+            ok = _launch(*args)
+            taken[_name] += ok
+            return ok
+
+        monkeypatch.setattr(launcher, "launch_addresses", counting)
+    flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype, device="cuda")
+    unaligned = flat[1:].view(p.q.shape).copy_(p.q)
+    out = torch.empty(p.q.shape[0], p.q.shape[1], 128, dtype=p.q.dtype, device="cuda")
+    lse = torch.empty(p.q.shape[:2], device="cuda")
+
+    def call(q):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
+        return out[:n].clone(), lse[:n].clone()
+
+    was = checks.debug_mode()
+    checks.set_debug_mode(True)  # Triton's own launch path, every call
+    try:
+        want = {"aligned": call(p.q), "unaligned": call(unaligned)}
+    finally:
+        checks.set_debug_mode(was)
+    assert taken == {"attention": 0, "reduce": 0}
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    assert_close_to_reference(want["aligned"][0], want["aligned"][1], ref_out, ref_lse, spec.dtype, n)
+    attention.PREPARED.clear()
+    side = torch.cuda.Stream()
+    for i in range(3):
+        for name, q in (("aligned", p.q), ("unaligned", unaligned)):
+            got = call(q)
+            assert torch.equal(got[0], want[name][0]) and torch.equal(got[1], want[name][1]), (i, name)
+        with torch.cuda.stream(side):  # a fresh workspace per call off the default stream
+            got = call(p.q)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(got[0], want["aligned"][0]) and torch.equal(got[1], want["aligned"][1]), (i, "side")
+    (prepared,) = [v for v in attention.PREPARED.values() if v is not None]
+    split = prepared.reduce is not None
+    assert split == (context > 1024)
+    # Every call but the first (which prepares the launch) launches from addresses: the kernels for both alignments
+    # were recorded by the debug-mode calls.
+    assert taken == {"attention": 8, "reduce": 8 if split else 0}
 
 
 def _small_problem(device, seed=5):

@@ -38,6 +38,7 @@ from triton_paged_ops.kernels.merge import (
     _fold_out,
     _fold_result,
     _fold_step,
+    _launch_reduce,
     dependent_launch_supported,
     gdc_launch_dependents,
     launch_reduce,
@@ -1017,6 +1018,7 @@ class PreparedLaunch:
     merge_counts: int = 0  # arrival counters an in-kernel merge needs (0: none)
     device_index: int | None = None  # the CUDA device launched on (None: the interpreter)
     fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
+    rest: tuple | None = None  # what follows the addresses in a compiled launch (filled in by the first launch)
 
 
 def prepare_attention_launch(
@@ -1096,6 +1098,32 @@ def run_attention_launch(
     lp = p.plan
     # One stream query for the scratch buffers and both launches.
     stream = current_stream(p.device_index)
+    if p.rest is not None and wrap is None and not p.merge_counts:
+        # A repeat of a launched plan: the kernels' addresses read once each, no argument tuples.
+        ptr_q, ptr_bt, ptr_cu = q.data_ptr(), block_table.data_ptr(), cu_seqlens_q.data_ptr()
+        if p.out_elems:
+            workspace = _scratch("workspace", q, p.lse_elems + p.out_elems, torch.float32, stream, False)
+            ptr_lse = workspace.data_ptr()
+            ptr_out = ptr_lse + 4 * p.lse_elems
+        else:
+            ptr_out = out.data_ptr()
+            ptr_lse = lse.data_ptr() if lse is not None else ptr_out
+        ptr_rows = block_table_rows.data_ptr() if block_table_rows is not None else ptr_bt
+        ptrs = [ptr_q, k_cache.data_ptr(), v_cache.data_ptr(), ptr_out, ptr_lse, ptr_bt, ptr_rows, ptr_cu,
+                seq_lens.data_ptr()]  # fmt: skip
+        ptrs += [t.data_ptr() if t is not None else ptr_q for t in (alibi_slopes, sinks, k_scale, v_scale)]
+        ptrs += (ptr_q, ptr_q, ptr_q)
+        if _launch_attention.launch_addresses(p.grid, ptrs, p.rest, p.fixed_key, stream):
+            r = p.reduce
+            if r is None:
+                return
+            ptr_final = out.data_ptr()
+            ptrs = [ptr_out, ptr_lse, ptr_final, lse.data_ptr() if lse is not None else ptr_lse, ptr_cu]
+            if r.rest is not None and _launch_reduce.launch_addresses(r.grid, ptrs, r.rest, r.fixed_key, stream):
+                return
+            dst_out, dst_lse = _workspace(q, p.lse_elems, p.out_elems, stream, wrap)
+            launch_reduce(r, dst_out, dst_lse, cu_seqlens_q, out, lse, wrap, stream)
+            return
     if p.out_elems:
         dst_out, dst_lse = _workspace(q, p.lse_elems, p.out_elems, stream, wrap)
     else:
@@ -1115,6 +1143,8 @@ def run_attention_launch(
     p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, wrap, p.fixed_key, stream)
     if p.reduce is not None:
         launch_reduce(p.reduce, dst_out, dst_lse, cu_seqlens_q, out, lse, wrap, stream)
+    if p.rest is None and p.fixed_key is not None and stream is not None:
+        p.rest = _launch_attention.rest(p.tail, lp.constexprs)
 
 
 def _launch_paged_attention(

@@ -9,6 +9,10 @@ path (which compiles if needed) and records what it returned, so both paths alwa
 launcher interface of the installed Triton is not the expected one, the first failure switches the short path off
 for the process and every launch goes through Triton's own path. In debug mode (``checks.set_debug_mode``) every short
 launch also asks Triton which compiled kernel it would have chosen and raises if it is another one.
+
+A caller that repeats a planned launch can go shorter still (``Launcher.launch_addresses``): it keeps the key and
+the non-tensor arguments from the first launch and passes only the tensors' addresses, each read once even where
+one tensor fills several parameters; a launch the recorded kernels cannot serve returns False and takes this path.
 """
 
 from __future__ import annotations
@@ -33,6 +37,12 @@ def _alignment(ptrs: list[int]) -> tuple[bool, ...] | bool:
     if not functools.reduce(operator.or_, ptrs, 0) & 15:
         return True
     return tuple([p % 16 == 0 for p in ptrs])
+
+
+def _disable(launcher: Launcher) -> None:
+    global _enabled
+    _enabled = False
+    launcher.cache.clear()
 
 
 class _Entry:
@@ -78,6 +88,51 @@ class Launcher:
         fixed = self.fixed_key(args, device, static)
         return None if fixed is None else (fixed, _alignment(list(map(_data_ptr, args[self.tensors]))))
 
+    def rest(self, scalars: tuple, constexprs: dict) -> tuple | None:
+        """What follows the tensors' addresses in a compiled launch with these non-tensor arguments and constexprs
+        (None: not a compiled kernel, or a constexpr it lacks): a launch plan can keep it for ``launch_addresses``."""
+        if self.interpreted:
+            return None
+        tail = self._constexpr_tail(self.tensors.stop + len(scalars), constexprs)
+        return None if tail is None else (*scalars, *tail)
+
+    def _constexpr_tail(self, num_args: int, constexprs: dict) -> tuple | None:
+        rest = self.kernel.params[num_args:]
+        if all(p.is_constexpr and p.name in constexprs for p in rest):
+            return tuple(constexprs[p.name] for p in rest)
+        return None
+
+    def launch_addresses(self, grid: tuple[int, int], ptrs: list[int], rest: tuple, fixed, stream: int) -> bool:
+        """The shortest path, for a caller that planned the launch (``rest``: what ``rest`` returned; ``fixed``: the
+        key an earlier launch with the same dtypes and non-tensor arguments returned) and read the tensors'
+        addresses itself (``ptrs``, in argument order; a tensor passed twice is read once). False, having launched
+        nothing: this needs the full path (first launch with this alignment, a launch hook set, debug mode, short
+        path off)."""
+        if fixed is None or not _enabled or checks.debug_mode():
+            return False
+        entry = self.cache.get((fixed, _alignment(ptrs)))
+        if entry is None:
+            return False
+        runtime = triton.knobs.runtime
+        enter = runtime.launch_enter_hook
+        if enter is not None and getattr(enter, "calls", True):
+            return False
+        return self._run(entry.compiled, grid, stream, None, enter, (*ptrs, *rest))
+
+    def _run(self, compiled, grid: tuple, stream: int, meta, enter, full: tuple) -> bool:
+        """Call the compiled launcher; False (and the short path off for good) if its interface is another one."""
+        g1 = grid[1] if len(grid) > 1 else 1
+        g2 = grid[2] if len(grid) > 2 else 1
+        try:
+            compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter,
+                         triton.knobs.runtime.launch_exit_hook, *full)  # fmt: skip
+        except (AttributeError, TypeError):
+            # Another Triton's launcher interface: take Triton's own path from now on.
+            _disable(self)
+            return False
+        self.short_launches += 1
+        return True
+
     def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None, fixed=None,
                  stream: int | None = None):  # fmt: skip
         """Launch ``kernel[grid](*args, **constexprs, **options)``; returns the fixed key it used (or None).
@@ -88,7 +143,6 @@ class Launcher:
         handle of the device's current stream, if the caller has it (else looked up). ``wrap`` (e.g.
         ``torch.library.wrap_triton``) takes Triton's own path through the wrapped kernel.
         """
-        global _enabled
         if wrap is not None:
             wrap(self.kernel)[grid](*args, **constexprs, **options)
             return None
@@ -108,9 +162,9 @@ class Launcher:
         entry = self.cache.get(key)
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs, **options)
-            rest = self.kernel.params[len(args) :]
-            if all(p.is_constexpr and p.name in constexprs for p in rest):
-                self.cache[key] = _Entry(compiled, tuple(constexprs[p.name] for p in rest))
+            tail = self._constexpr_tail(len(args), constexprs)
+            if tail is not None:
+                self.cache[key] = _Entry(compiled, tail)
             return fixed
         compiled = entry.compiled
         if checks.debug_mode():
@@ -118,13 +172,10 @@ class Launcher:
             if chosen is not compiled:
                 raise RuntimeError(f"{self.kernel.fn.__name__}: the short launch path picked another compiled kernel "
                                    "than Triton would; report this with the call's shapes and strides")  # fmt: skip
+        enter = triton.knobs.runtime.launch_enter_hook
         try:
             if stream is None:
                 stream = driver.active.get_current_stream(fixed[1])
-            g1 = grid[1] if len(grid) > 1 else 1
-            g2 = grid[2] if len(grid) > 2 else 1
-            runtime = triton.knobs.runtime
-            enter = runtime.launch_enter_hook
             # No hook set: None, or (Triton >= 3.7) an empty hook chain.
             if enter is None or not getattr(enter, "calls", True):
                 full = (*ptrs, *args[self.tensors.stop :], *entry.tail)
@@ -133,13 +184,11 @@ class Launcher:
                 # Launch metadata feeds the enter hook (profilers), which may read the tensors themselves.
                 full = args + entry.tail
                 meta = compiled.launch_metadata(grid, stream, *full)
-            compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter,
-                         runtime.launch_exit_hook, *full)  # fmt: skip
         except (AttributeError, TypeError):
-            # Another Triton's launcher interface: take Triton's own path from now on.
-            _enabled = False
-            self.cache.clear()
+            stream = None
+        if stream is None or not self._run(compiled, grid, stream, meta, enter, full):
+            # Another Triton's launcher interface: Triton's own path (from now on: ``_run`` turned the short one off).
+            _disable(self)
             self.kernel[grid](*args, **constexprs, **options)
             return None
-        self.short_launches += 1
         return fixed

@@ -254,6 +254,7 @@ class ReducePlan:
     static: tuple  # identifies ``constexprs`` and ``options`` in the launcher's key
     traced_options: dict  # ``options`` for a launch through ``wrap`` (no dependent launch: plain stream order)
     fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
+    rest: tuple | None = None  # what follows the addresses in a compiled launch (filled in by the first launch)
 
 
 def reduce_plan(
@@ -321,3 +322,5 @@ def launch_reduce(
     options = plan.options if wrap is None else plan.traced_options
     plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, options, plan.static, wrap,
                                     plan.fixed_key, stream)  # fmt: skip
+    if plan.rest is None and plan.fixed_key is not None and wrap is None:
+        plan.rest = _launch_reduce.rest(plan.tail, plan.constexprs)
