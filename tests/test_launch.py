@@ -3,7 +3,6 @@ runs exactly the compiled kernel Triton's own launch would pick, with the same r
 
 from __future__ import annotations
 
-import inspect
 import threading
 import types
 
@@ -11,8 +10,8 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
-from triton_paged_ops import checks, ops, reference
-from triton_paged_ops.kernels import attention
+from triton_paged_ops import checks, reference
+from triton_paged_ops.kernels import attention, standin
 from triton_paged_ops.kernels import merge as merge_kernels
 from triton_paged_ops.kernels.launch import Launcher
 
@@ -47,61 +46,11 @@ def test_key_separates_what_triton_specialises_on():
     assert launcher.key((base, 32, 5), 0, "w") != k  # constexprs / options
 
 
-class _CompiledStandIn:
-    """What ``kernel[grid](...)`` returns on a GPU, reduced to a ``run`` that records its arguments."""
-
-    function, packed_metadata = 1234, None
-
-    def __init__(self, runs: list):
-        self.runs = runs
-
-    def run(self, gx, gy, gz, stream, function, packed, meta, enter, exit_hook, *args):
-        self.runs.append(((gx, gy, gz), stream, args))
-
-
-class _KernelStandIn:
-    """A compiled ``@triton.jit`` kernel as the launcher sees it: its parameters (from the real kernel's signature)
-    and ``kernel[grid](*args, **constexprs)``, which records Triton's own launches and returns the stand-in."""
-
-    def __init__(self, real, do_not_specialize: tuple[str, ...]):
-        names = inspect.signature(real.fn).parameters.values()
-        self.params = [types.SimpleNamespace(num=i, name=p.name, do_not_specialize=p.name in do_not_specialize,
-                                             is_constexpr="constexpr" in str(p.annotation))
-                       for i, p in enumerate(names)]  # fmt: skip
-        self.fn, self.own, self.runs = real.fn, [], []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.own.append((tuple(grid) + (1,) * (3 - len(grid)), args, kwargs))
-            return _CompiledStandIn(self.runs)
-
-        return launch
-
-    def expected_run(self, own) -> tuple:
-        """The arguments the compiled launcher gets for one of Triton's own launches: addresses, then the rest."""
-        grid, args, kwargs = own
-        values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
-        values += [kwargs[p.name] for p in self.params[len(args) :]]
-        return grid, tuple(values)
-
-
 @pytest.mark.parametrize("context", [200, 4096], ids=["one launch", "split + reduce"])
-def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context, monkeypatch):
+def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context):
     """Repeats of a prepared launch read the tensors' addresses themselves and call the compiled launchers
     directly: the arguments (grid, stream, every address, scalar and constexpr, in order) must be exactly those of
     the full path, for new output buffers and for another alignment (which first takes the full path again)."""
-    attention_kernel = _KernelStandIn(attention._paged_attention_kernel, attention._PER_BATCH_ARGS)
-    reduce_kernel = _KernelStandIn(merge_kernels._reduce_splits_kernel, ("num_seqs", "num_splits", "stride_po_s",
-                                                                          "stride_pl_s"))  # fmt: skip
-    attention_launcher = Launcher(attention_kernel, num_tensors=16, num_floats=2)
-    reduce_launcher = Launcher(reduce_kernel, num_tensors=5, num_floats=0)
-    monkeypatch.setattr(attention, "_launch_attention", attention_launcher)
-    monkeypatch.setattr(attention, "_launch_reduce", reduce_launcher)
-    monkeypatch.setattr(merge_kernels, "_launch_reduce", reduce_launcher)
-    stream = 0x5EED
-    monkeypatch.setattr(attention, "current_stream", lambda device_index: stream)
-    monkeypatch.setattr(attention, "_default_stream", lambda device_index: stream)  # the kept workspace
-    monkeypatch.setattr(ops, "_use_kernels", lambda t: True)
     spec = Spec(q_lens=[1] * 2, kv_lens=[context, 17], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
                 head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
                 use_alibi=True, use_sinks=True, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
@@ -109,14 +58,15 @@ def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(conte
     p = build(spec, "cpu")
     flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype)
     unaligned = flat[1:].view(p.q.shape)
-    attention.PREPARED.clear()
     outs = []
-    for q in (p.q, p.q, unaligned, unaligned, p.q):
-        out = torch.empty(p.q.shape[0], p.q.shape[1], 64, dtype=p.q.dtype)
-        lse = torch.empty(p.q.shape[:2])
-        tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
-        outs.append((out, lse))
-    (prepared,) = attention.PREPARED.values()
+    stream = 0x5EED
+    with standin.recording_launches(stream) as (attention_kernel, reduce_kernel):
+        for q in (p.q, p.q, unaligned, unaligned, p.q):
+            out = torch.empty(p.q.shape[0], p.q.shape[1], 64, dtype=p.q.dtype)
+            lse = torch.empty(p.q.shape[:2])
+            tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
+            outs.append((out, lse))
+        (prepared,) = attention.PREPARED.values()
     split = prepared.reduce is not None
     assert split == (context > 1024)
     # Triton's own path ran once per alignment (q's changes the attention kernel's, not the reduce's); the short
@@ -478,3 +428,12 @@ def test_dependent_reduce_launch_gives_the_plain_launchs_bits():
     assert_close_to_reference(results[2][-1][0], results[2][-1][1], want, want_lse, spec.dtype, n)
     for (a, a_lse), (b, b_lse) in zip(results[1], results[2]):
         assert torch.equal(a, b) and torch.equal(a_lse, b_lse)
+
+
+def test_host_path_benchmark_times_repeats_on_the_short_path():
+    """``benchmarks.host_path`` times repeated calls that all take the short launch path (it checks that itself)."""
+    from benchmarks import host_path
+
+    res = host_path.measure([4096], calls=3)
+    assert res["launches_per_call"] == 2
+    assert all(res[k] > 0 for k in ("api_wrapper_us", "torch_ops_call_us", "op_body_us"))

@@ -206,16 +206,18 @@ def host_time_us(fn, calls: int = 200, warmup: int = 10, repeats: int = 15) -> f
     import statistics
     import time
 
+    # Without a GPU (kernel stand-ins, ``benchmarks.host_path``) there is no device to wait for.
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     for _ in range(warmup):
         fn()
     runs = []
     for _ in range(repeats + 1):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         runs.append((time.perf_counter() - start) / calls * 1e6)
-    torch.cuda.synchronize()
+    sync()
     return statistics.median(runs[1:])
 
 

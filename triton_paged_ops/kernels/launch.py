@@ -117,15 +117,16 @@ class Launcher:
         enter = runtime.launch_enter_hook
         if enter is not None and getattr(enter, "calls", True):
             return False
-        return self._run(entry.compiled, grid, stream, None, enter, (*ptrs, *rest))
+        return self._run(entry.compiled, grid, stream, None, enter, ptrs, rest)
 
-    def _run(self, compiled, grid: tuple, stream: int, meta, enter, full: tuple) -> bool:
-        """Call the compiled launcher; False (and the short path off for good) if its interface is another one."""
+    def _run(self, compiled, grid: tuple, stream: int, meta, enter, head, rest: tuple) -> bool:
+        """Call the compiled launcher with arguments ``*head, *rest``; False (and the short path off for good) if
+        its interface is another one."""
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         try:
             compiled.run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, meta, enter,
-                         triton.knobs.runtime.launch_exit_hook, *full)  # fmt: skip
+                         triton.knobs.runtime.launch_exit_hook, *head, *rest)  # fmt: skip
         except (AttributeError, TypeError):
             # Another Triton's launcher interface: take Triton's own path from now on.
             _disable(self)
@@ -178,15 +179,14 @@ class Launcher:
                 stream = driver.active.get_current_stream(fixed[1])
             # No hook set: None, or (Triton >= 3.7) an empty hook chain.
             if enter is None or not getattr(enter, "calls", True):
-                full = (*ptrs, *args[self.tensors.stop :], *entry.tail)
-                meta = None
+                head, meta = (*ptrs, *args[self.tensors.stop :]), None
             else:
                 # Launch metadata feeds the enter hook (profilers), which may read the tensors themselves.
-                full = args + entry.tail
-                meta = compiled.launch_metadata(grid, stream, *full)
+                head = args
+                meta = compiled.launch_metadata(grid, stream, *args, *entry.tail)
         except (AttributeError, TypeError):
             stream = None
-        if stream is None or not self._run(compiled, grid, stream, meta, enter, full):
+        if stream is None or not self._run(compiled, grid, stream, meta, enter, head, entry.tail):
             # Another Triton's launcher interface: Triton's own path (from now on: ``_run`` turned the short one off).
             _disable(self)
             self.kernel[grid](*args, **constexprs, **options)

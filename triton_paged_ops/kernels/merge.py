@@ -153,7 +153,10 @@ def _load_segments(part_out_ptr, part_lse_ptr, s0, offs_s, offs_d, d_mask, num_s
 
 
 # Per-batch values (batch size, split count, workspace strides): not specialised, so batches reuse one variant.
-@triton.jit(do_not_specialize=("num_seqs", "num_splits", "stride_po_s", "stride_pl_s"))
+_REDUCE_UNSPECIALISED = ("num_seqs", "num_splits", "stride_po_s", "stride_pl_s")
+
+
+@triton.jit(do_not_specialize=_REDUCE_UNSPECIALISED)
 def _reduce_splits_kernel(
     part_out_ptr,
     part_lse_ptr,

@@ -1,0 +1,67 @@
+"""Host time of repeated eager decode calls without a GPU: ``python -m benchmarks.host_path``.
+
+The attention and reduce kernels are replaced by stand-ins that record their launches instead of running them
+(``triton_paged_ops.kernels.standin``), so everything else — the typed wrapper, the ``torch.ops`` dispatch, the
+prepared-launch lookup, the workspace and the short launch path's argument handling — runs as on a GPU host. What it
+leaves out is the compiled launcher's own C call and the driver (a few µs per launch, timed on a GPU by
+``benchmarks.overhead``). Use it to compare host-path changes on any machine (versions run in turn, a few times
+each); absolute figures depend on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from triton_paged_ops import api, ops
+from triton_paged_ops.bench import Case, _git_sha, build_inputs, finish, host_time_us
+from triton_paged_ops.kernels import standin
+
+CASES = {"one launch (4 x 256 keys)": [256] * 4, "split + reduce (1 x 4096 keys)": [4096]}
+
+
+def measure(kv_lens: list[int], calls: int) -> dict:
+    inp = build_inputs(Case("host", kv_lens), seed=0, device="cpu")
+    args, out = inp.args, inp.out
+    with standin.recording_launches() as (attention_kernel, reduce_kernel):
+        api.paged_attention_out(*args, out=out)  # prepares the launch and records the kernels
+        res = {
+            "api_wrapper_us": host_time_us(lambda: api.paged_attention_out(*args, out=out), calls),
+            "torch_ops_call_us": host_time_us(lambda: torch.ops.tpa.paged_attention_out(*args, out=out), calls),
+            "op_body_us": host_time_us(
+                lambda: ops._attention(*args, out=out, op="paged_attention_out", fake=False), calls
+            ),
+        }
+        # Every repeat must have taken the short path: one own launch per kernel (the first call) and no more.
+        assert len(attention_kernel.own) == 1 and len(reduce_kernel.own) <= 1, "a repeat took Triton's own path"
+        res["launches_per_call"] = 1 + len(reduce_kernel.own)
+    return res
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.host_path", description=__doc__)
+    p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
+    p.add_argument("--calls", type=int, default=2000, help="calls per timed run (default 2000)")
+    args = p.parse_args(argv)
+    res = {name: measure(kv_lens, args.calls) for name, kv_lens in CASES.items()}
+    res["torch"], res["cpu"], res["git_sha"] = torch.__version__, _cpu_name(), _git_sha()
+    lines = [f"{name:<32} " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items())
+             for name, r in res.items() if isinstance(r, dict)]  # fmt: skip
+    finish(res, "\n".join(lines), args.out, "benchmarks.host_path", argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
