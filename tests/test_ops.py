@@ -225,3 +225,82 @@ def test_split_kv_call_as_a_compiled_triton_op_matches_eager():
             torch.compiler.cudagraph_mark_step_begin()
             got = compiled(*args).clone()
     assert (got.float() - want.float()).norm() / want.float().norm() < 1e-2
+
+
+class _DeviceContextRecorder:
+    """Stands in for ``torch.cuda.device``: records which device each entered context names, and how many kernel
+    launches (from ``launches()``) happened inside it."""
+
+    def __init__(self, launches):
+        self.launches, self.entered, self.inside, self.current = launches, [], [], 0
+
+    def foreign(self, t: torch.Tensor) -> int | None:
+        """``ops._foreign_device`` on a host whose tensors all live on GPU 3."""
+        return None if self.current == 3 else 3
+
+    def __call__(self, index):
+        recorder = self
+
+        class _Context:
+            def __enter__(self):
+                recorder.entered.append(index)
+                self.before, self.was, recorder.current = recorder.launches(), recorder.current, index
+
+            def __exit__(self, *exc):
+                recorder.inside.append(recorder.launches() - self.before)
+                recorder.current = self.was
+
+        return _Context()
+
+
+def test_kernels_launch_on_the_tensors_device_when_it_is_not_the_current_one(monkeypatch):
+    """Triton launches on the current device: each op switches to its tensors' GPU first when that is another one
+    (the switch simulated here: every tensor reads as living on GPU 3, and the device context is recorded)."""
+    from triton_paged_ops.kernels import standin
+
+    s = spec(dtype=torch.float16)
+    p = build(s, "cpu")
+    with standin.recording_launches() as (attention_kernel, _):
+        recorder = _DeviceContextRecorder(lambda: len(attention_kernel.own) + len(attention_kernel.runs))
+        monkeypatch.setattr(torch.cuda, "device", recorder)
+        monkeypatch.setattr(ops, "_foreign_device", recorder.foreign)
+        for _ in range(2):  # the full path, then the prepared launch
+            tpa.paged_attention(*p.args, **p.kwargs)
+        assert recorder.entered == [3, 3] and recorder.inside == [1, 1]
+    if not ops.INTERPRET:
+        return  # the cache write and the merge below run the reference on CPU tensors without the interpreter
+    recorder.entered.clear()
+    n, hkv, d = 5, p.k_cache.shape[2], p.k_cache.shape[3]
+    key, value = torch.randn(n, hkv, d).half(), torch.randn(n, hkv, d).half()
+    slots = torch.arange(n, dtype=torch.int64)
+    k_cache, v_cache = p.k_cache.clone(), p.v_cache.clone()
+    tpa.reshape_and_cache(key, value, k_cache, v_cache, slots)
+    assert torch.equal(k_cache.flatten(0, 1)[:n], key) and torch.equal(v_cache.flatten(0, 1)[:n], value)
+    out_a, out_b = torch.randn(4, 2, 64), torch.randn(4, 2, 64)
+    lse_a, lse_b = torch.randn(4, 2), torch.randn(4, 2)
+    out, lse = tpa.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    assert torch.allclose(lse, torch.logaddexp(lse_a, lse_b), atol=1e-5)
+    assert recorder.entered == [3, 3]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_ops_on_a_gpu_that_is_not_the_current_device():
+    """Tensors on the second GPU while the first is current: every op runs there and matches the reference."""
+    from triton_paged_ops import reference
+
+    s = spec(dtype=torch.bfloat16, q_lens=[1] * 3, kv_lens=[3000, 40, 1], page_size=16, head_dim=128,
+             head_dim_v=128, group=4)  # fmt: skip
+    p = build(s, "cuda:1")
+    torch.cuda.set_device(0)
+    want = reference.paged_attention(*p.args[:6], s.scale, **p.kwargs)
+    for _ in range(2):
+        got = tpa.paged_attention(*p.args, **p.kwargs)
+        assert got.device == p.q.device and torch.cuda.current_device() == 0
+        rows = p.num_real_tokens
+        assert (got[:rows].float() - want[:rows].float()).norm() / want[:rows].float().norm() < 1e-2
+    k_cache = p.k_cache.clone()
+    key = torch.randn(2, *k_cache.shape[2:], device="cuda:1", dtype=k_cache.dtype)
+    tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), torch.tensor([0, 1], device="cuda:1"))
+    assert torch.equal(k_cache.flatten(0, 1)[:2], key)
+    torch.cuda.synchronize(1)

@@ -7,6 +7,7 @@ is imported): then they run the same Triton kernels, which is how the kernels ar
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -28,6 +29,27 @@ INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 
 def _use_kernels(t: torch.Tensor) -> bool:
     return t.device.type != "cpu" or INTERPRET
+
+
+# The current CUDA (or HIP) device's index; absent from builds without CUDA.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
+def _foreign_device(t: torch.Tensor) -> int | None:
+    """The index of ``t``'s GPU when it is not the current device, else None. Triton launches (and loads compiled
+    kernels) on the current device whatever the tensors' device, so a call with tensors on another GPU must switch
+    to theirs first, as every aten CUDA op does; otherwise its kernels would run on the wrong GPU, reading another
+    device's memory."""
+    index = t.get_device()
+    if index < 0 or _current_device is None or index == _current_device():
+        return None
+    return index
+
+
+def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A context in which Triton launches run on ``t``'s device (see ``_foreign_device``)."""
+    device = _foreign_device(t)
+    return contextlib.nullcontext() if device is None else torch.cuda.device(device)
 
 
 def _attention_into(
@@ -201,6 +223,14 @@ def _attention(
     A real call whose metadata (shapes, strides, dtypes, devices, host values) equals an earlier successful call's
     skips the checks and the launch planning and launches what that call prepared: the eager host path of a
     serving loop's repeated shapes is then the dispatch, this key and the launch itself."""
+    if not fake:
+        device = _foreign_device(q)
+        if device is not None:
+            with torch.cuda.device(device):
+                tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
+                flags = (causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
+                return _attention(*tensors, max_seqlen_q, max_seqlen_k, scale, *flags, batch_invariant, out=out,
+                                  lse=lse, op=op, fake=fake)  # fmt: skip
     key = None
     if not fake and not checks.debug_mode():
         key = _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
@@ -265,7 +295,8 @@ def _reshape_and_cache_op(
     if checks.debug_mode():
         checks.debug_check_cache(k_cache, slot_mapping)
     if _use_kernels(key):
-        _launch_reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+        with _on_device_of(key):
+            _launch_reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     else:
         reference.reshape_and_cache(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
@@ -284,7 +315,8 @@ def _merge_attn_states_op(
         return reference.merge_attn_states(out_a, lse_a, out_b, lse_b)
     out = torch.empty_like(out_a, memory_format=torch.contiguous_format)
     lse = out_a.new_empty(out_a.shape[:2], dtype=torch.float32)
-    _launch_merge_attn_states(out_a, lse_a, out_b, lse_b, out, lse)
+    with _on_device_of(out_a):
+        _launch_merge_attn_states(out_a, lse_a, out_b, lse_b, out, lse)
     return out, lse
 
 
