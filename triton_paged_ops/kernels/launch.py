@@ -12,7 +12,8 @@ launch also asks Triton which compiled kernel it would have chosen and raises if
 
 A caller that repeats a planned launch can go shorter still (``Launcher.launch_addresses``): it keeps the key and
 the non-tensor arguments from the first launch and passes only the tensors' addresses, each read once even where
-one tensor fills several parameters; a launch the recorded kernels cannot serve returns False and takes this path.
+one tensor fills several parameters; a launch the recorded kernels cannot serve returns False, launching nothing,
+and the caller takes the path above.
 """
 
 from __future__ import annotations
