@@ -182,6 +182,7 @@ def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, 
         for name, q in (("aligned", p.q), ("unaligned", unaligned)):
             got = call(q)
             assert torch.equal(got[0], want[name][0]) and torch.equal(got[1], want[name][1]), (i, name)
+        side.wait_stream(torch.cuda.current_stream())  # the buffers' last uses on the default stream come first
         with torch.cuda.stream(side):  # a fresh workspace per call off the default stream
             got = call(p.q)
         torch.cuda.current_stream().wait_stream(side)
