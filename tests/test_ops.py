@@ -303,4 +303,8 @@ def test_ops_on_a_gpu_that_is_not_the_current_device():
     key = torch.randn(2, *k_cache.shape[2:], device="cuda:1", dtype=k_cache.dtype)
     tpa.reshape_and_cache(key, key, k_cache, k_cache.clone(), torch.tensor([0, 1], device="cuda:1"))
     assert torch.equal(k_cache.flatten(0, 1)[:2], key)
+    out_a, out_b = torch.randn(2, 4, 3, 64, device="cuda:1").unbind(0)
+    lse_a, lse_b = torch.randn(2, 4, 3, device="cuda:1").unbind(0)
+    _, lse = tpa.merge_attn_states(out_a, lse_a, out_b, lse_b)
+    assert torch.allclose(lse, torch.logaddexp(lse_a, lse_b), atol=1e-5)
     torch.cuda.synchronize(1)
