@@ -17,15 +17,23 @@ import torch
 
 from triton_paged_ops import api, ops
 from triton_paged_ops.bench import Case, _git_sha, build_inputs, finish, host_time_us
-from triton_paged_ops.kernels import standin
+from triton_paged_ops.kernels import attention, standin
 
-CASES = {"one launch (4 x 256 keys)": [256] * 4, "split + reduce (1 x 4096 keys)": [4096]}
+# name: (keys per sequence, launch options)
+CASES = {
+    "one launch (4 x 256 keys)": ([256] * 4, {}),
+    "split + reduce (1 x 4096 keys)": ([4096], {}),
+    "split + in-kernel merge (1 x 4096)": ([4096], {"split_merge": 2}),
+}
 
 
-def measure(kv_lens: list[int], calls: int) -> dict:
+def measure(kv_lens: list[int], calls: int, config: dict | None = None) -> dict:
     inp = build_inputs(Case("host", kv_lens), seed=0, device="cpu")
     args, out = inp.args, inp.out
-    with standin.recording_launches() as (attention_kernel, reduce_kernel):
+    with (
+        standin.recording_launches() as (attention_kernel, reduce_kernel),
+        attention.attention_config_override(**(config or {})),
+    ):
         api.paged_attention_out(*args, out=out)  # prepares the launch and records the kernels
         res = {
             "api_wrapper_us": host_time_us(lambda: api.paged_attention_out(*args, out=out), calls),
@@ -55,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="JSON file to write (default: print only)")
     p.add_argument("--calls", type=int, default=2000, help="calls per timed run (default 2000)")
     args = p.parse_args(argv)
-    res = {name: measure(kv_lens, args.calls) for name, kv_lens in CASES.items()}
+    res = {name: measure(kv_lens, args.calls, config) for name, (kv_lens, config) in CASES.items()}
     res["torch"], res["cpu"], res["git_sha"] = torch.__version__, _cpu_name(), _git_sha()
-    lines = [f"{name:<32} " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items())
+    lines = [f"{name:<36} " + "  ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}" for k, v in r.items())
              for name, r in res.items() if isinstance(r, dict)]  # fmt: skip
     finish(res, "\n".join(lines), args.out, "benchmarks.host_path", argv)
     return 0

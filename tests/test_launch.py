@@ -46,8 +46,9 @@ def test_key_separates_what_triton_specialises_on():
     assert launcher.key((base, 32, 5), 0, "w") != k  # constexprs / options
 
 
-@pytest.mark.parametrize("context", [200, 4096], ids=["one launch", "split + reduce"])
-def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context):
+@pytest.mark.parametrize("context,merge", [(200, 1), (4096, 1), (4096, 2)],
+                         ids=["one launch", "split + reduce", "split + in-kernel merge"])  # fmt: skip
+def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context, merge):
     """Repeats of a prepared launch read the tensors' addresses themselves and call the compiled launchers
     directly: the arguments (grid, stream, every address, scalar and constexpr, in order) must be exactly those of
     the full path, for new output buffers and for another alignment (which first takes the full path again)."""
@@ -60,7 +61,10 @@ def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(conte
     unaligned = flat[1:].view(p.q.shape)
     outs = []
     stream = 0x5EED
-    with standin.recording_launches(stream) as (attention_kernel, reduce_kernel):
+    with (
+        standin.recording_launches(stream) as (attention_kernel, reduce_kernel),
+        attention.attention_config_override(split_merge=merge),
+    ):
         for q in (p.q, p.q, unaligned, unaligned, p.q):
             out = torch.empty(p.q.shape[0], p.q.shape[1], 64, dtype=p.q.dtype)
             lse = torch.empty(p.q.shape[:2])
@@ -68,7 +72,8 @@ def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(conte
             outs.append((out, lse))
         (prepared,) = attention.PREPARED.values()
     split = prepared.reduce is not None
-    assert split == (context > 1024)
+    assert split == (context > 1024 and merge == 1)
+    assert bool(prepared.merge_counts) == (merge == 2)
     # Triton's own path ran once per alignment (q's changes the attention kernel's, not the reduce's); the short
     # paths ran every other launch: (own launch it repeats, calls it ran for).
     plans = [(attention_kernel, [0, 1, 0], (1, 3, 4))]
@@ -86,7 +91,7 @@ def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(conte
             fresh = {t.data_ptr() for call in outs for t in call}
             assert [a for a, w in zip(run_args, want) if w not in fresh] == [w for w in want if w not in fresh]
         # The output addresses are each call's own: the final output and lse of the last kernel of the call.
-        out_arg = 2 if kernel is reduce_kernel else 3
+        out_arg = 2 if kernel is reduce_kernel else 14 if merge == 2 else 3
         if kernel is plans[-1][0]:
             assert [run[2][out_arg] for run in kernel.runs] == [outs[c][0].data_ptr() for c in calls]
             assert [run[2][out_arg + 1] for run in kernel.runs] == [outs[c][1].data_ptr() for c in calls]
@@ -136,8 +141,9 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context, merge):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("context", [300, 9000], ids=["one launch", "split + reduce"])
-def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, monkeypatch):
+@pytest.mark.parametrize("context,merge", [(300, 1), (9000, 1), (9000, 2)],
+                         ids=["one launch", "split + reduce", "split + in-kernel merge"])  # fmt: skip
+def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, merge, monkeypatch):
     """A repeat of a prepared launch reads each tensor's address once and launches the recorded kernels directly
     (``Launcher.launch_addresses``); a new alignment, a side stream and debug mode still get the right kernel and
     the same bits as Triton's own path."""
@@ -156,43 +162,45 @@ def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, 
             return ok
 
         monkeypatch.setattr(launcher, "launch_addresses", counting)
-    flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype, device="cuda")
-    unaligned = flat[1:].view(p.q.shape).copy_(p.q)
-    out = torch.empty(p.q.shape[0], p.q.shape[1], 128, dtype=p.q.dtype, device="cuda")
-    lse = torch.empty(p.q.shape[:2], device="cuda")
+    with attention.attention_config_override(split_merge=merge):
+        flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype, device="cuda")
+        unaligned = flat[1:].view(p.q.shape).copy_(p.q)
+        out = torch.empty(p.q.shape[0], p.q.shape[1], 128, dtype=p.q.dtype, device="cuda")
+        lse = torch.empty(p.q.shape[:2], device="cuda")
 
-    def call(q):
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
-        return out[:n].clone(), lse[:n].clone()
+        def call(q):
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
+            return out[:n].clone(), lse[:n].clone()
 
-    was = checks.debug_mode()
-    checks.set_debug_mode(True)  # Triton's own launch path, every call
-    try:
-        want = {"aligned": call(p.q), "unaligned": call(unaligned)}
-    finally:
-        checks.set_debug_mode(was)
-    assert taken == {"attention": 0, "reduce": 0}
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
-    assert_close_to_reference(want["aligned"][0], want["aligned"][1], ref_out, ref_lse, spec.dtype, n)
-    attention.PREPARED.clear()
-    side = torch.cuda.Stream()
-    for i in range(3):
-        for name, q in (("aligned", p.q), ("unaligned", unaligned)):
-            got = call(q)
-            assert torch.equal(got[0], want[name][0]) and torch.equal(got[1], want[name][1]), (i, name)
-        side.wait_stream(torch.cuda.current_stream())  # the buffers' last uses on the default stream come first
-        with torch.cuda.stream(side):  # a fresh workspace per call off the default stream
-            got = call(p.q)
-        torch.cuda.current_stream().wait_stream(side)
-        assert torch.equal(got[0], want["aligned"][0]) and torch.equal(got[1], want["aligned"][1]), (i, "side")
-    (prepared,) = [v for v in attention.PREPARED.values() if v is not None]
-    split = prepared.reduce is not None
-    assert split == (context > 1024)
-    # Every call but the first (which prepares the launch) launches from addresses: the kernels for both alignments
-    # were recorded by the debug-mode calls.
-    assert taken == {"attention": 8, "reduce": 8 if split else 0}
+        was = checks.debug_mode()
+        checks.set_debug_mode(True)  # Triton's own launch path, every call
+        try:
+            want = {"aligned": call(p.q), "unaligned": call(unaligned)}
+        finally:
+            checks.set_debug_mode(was)
+        assert taken == {"attention": 0, "reduce": 0}
+        ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+        assert_close_to_reference(want["aligned"][0], want["aligned"][1], ref_out, ref_lse, spec.dtype, n)
+        attention.PREPARED.clear()
+        side = torch.cuda.Stream()
+        for i in range(3):
+            for name, q in (("aligned", p.q), ("unaligned", unaligned)):
+                got = call(q)
+                assert torch.equal(got[0], want[name][0]) and torch.equal(got[1], want[name][1]), (i, name)
+            side.wait_stream(torch.cuda.current_stream())  # the buffers' last uses on the default stream come first
+            with torch.cuda.stream(side):  # a fresh workspace per call off the default stream
+                got = call(p.q)
+            torch.cuda.current_stream().wait_stream(side)
+            assert torch.equal(got[0], want["aligned"][0]) and torch.equal(got[1], want["aligned"][1]), (i, "side")
+        (prepared,) = [v for v in attention.PREPARED.values() if v is not None]
+        split = prepared.reduce is not None
+        assert split == (context > 1024 and merge == 1)
+        assert bool(prepared.merge_counts) == (context > 1024 and merge == 2)
+        # Every call but the first (which prepares the launch) launches from addresses: the kernels for both alignments
+        # were recorded by the debug-mode calls.
+        assert taken == {"attention": 8, "reduce": 8 if split else 0}
 
 
 def _small_problem(device, seed=5):

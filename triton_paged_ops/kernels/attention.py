@@ -1098,7 +1098,7 @@ def run_attention_launch(
     lp = p.plan
     # One stream query for the scratch buffers and both launches.
     stream = current_stream(p.device_index)
-    if p.rest is not None and wrap is None and not p.merge_counts:
+    if p.rest is not None and wrap is None:
         # A repeat of a launched plan: the kernels' addresses read once each, no argument tuples.
         ptr_q, ptr_bt, ptr_cu = q.data_ptr(), block_table.data_ptr(), cu_seqlens_q.data_ptr()
         if p.out_elems:
@@ -1112,7 +1112,12 @@ def run_attention_launch(
         ptrs = [ptr_q, k_cache.data_ptr(), v_cache.data_ptr(), ptr_out, ptr_lse, ptr_bt, ptr_rows, ptr_cu,
                 seq_lens.data_ptr()]  # fmt: skip
         ptrs += [t.data_ptr() if t is not None else ptr_q for t in (alibi_slopes, sinks, k_scale, v_scale)]
-        ptrs += (ptr_q, ptr_q, ptr_q)
+        if p.merge_counts:
+            counts = _scratch("merge_counts", q, p.merge_counts, torch.int32, stream, False, zero=True)
+            ptr_final = out.data_ptr()
+            ptrs += (counts.data_ptr(), ptr_final, lse.data_ptr() if lse is not None else ptr_final)
+        else:
+            ptrs += (ptr_q, ptr_q, ptr_q)
         if _launch_attention.launch_addresses(p.grid, ptrs, p.rest, p.fixed_key, stream):
             r = p.reduce
             if r is None:
