@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from triton_paged_ops import api, ops
-from triton_paged_ops.bench import Case, _git_sha, build_inputs, finish, host_time_us
+from triton_paged_ops import api
+from triton_paged_ops.bench import Case, _git_sha, build_inputs, call_layer_times_us, finish
 from triton_paged_ops.kernels import attention, standin
 
 # name: (keys per sequence, launch options)
@@ -35,13 +35,7 @@ def measure(kv_lens: list[int], calls: int, config: dict | None = None) -> dict:
         attention.attention_config_override(**(config or {})),
     ):
         api.paged_attention_out(*args, out=out)  # prepares the launch and records the kernels
-        res = {
-            "api_wrapper_us": host_time_us(lambda: api.paged_attention_out(*args, out=out), calls),
-            "torch_ops_call_us": host_time_us(lambda: torch.ops.tpa.paged_attention_out(*args, out=out), calls),
-            "op_body_us": host_time_us(
-                lambda: ops._attention(*args, out=out, op="paged_attention_out", fake=False), calls
-            ),
-        }
+        res = {f"{layer}_us": us for layer, us in call_layer_times_us(args, out, calls).items()}
         # Every repeat must have taken the short path: one own launch per kernel (the first call) and no more.
         assert len(attention_kernel.own) == 1 and len(reduce_kernel.own) <= 1, "a repeat took Triton's own path"
         res["launches_per_call"] = 1 + len(reduce_kernel.own)

@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from triton_paged_ops import api, checks, ops
-from triton_paged_ops.bench import Case, build_inputs, finish, host_time_us
+from triton_paged_ops import checks
+from triton_paged_ops.bench import Case, build_inputs, call_layer_times_us, finish, host_time_us
 from triton_paged_ops.kernels.attention import _launch_paged_attention
 
 
@@ -46,11 +46,7 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     out = inp.out
     launch_args = (q, k, v, bt, cu, sl, max_q, max_k, scale, True, -1, 0.0, None, None, None, None, None, out, None)
     res = {
-        "api_wrapper": host_time_us(lambda: api.paged_attention_out(*inp.args, out=out), calls),
-        "torch_ops_call": host_time_us(lambda: torch.ops.tpa.paged_attention_out(*inp.args, out=out), calls),
-        "op_body": host_time_us(
-            lambda: ops._attention(*inp.args, out=out, op="paged_attention_out", fake=False), calls
-        ),
+        **call_layer_times_us(inp.args, out, calls),
         "first_call_checks": host_time_us(
             lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls
         ),

@@ -446,3 +446,28 @@ def test_host_path_benchmark_times_repeats_on_the_short_path():
     res = host_path.measure([4096], calls=3)
     assert res["launches_per_call"] == 2
     assert all(res[k] > 0 for k in ("api_wrapper_us", "torch_ops_call_us", "op_body_us"))
+
+
+def test_reduce_taking_the_full_path_reads_the_workspace_the_attention_kernel_wrote():
+    """Off the default stream every call gets a new workspace: when the attention kernel launched from addresses but
+    the reduce needs the full path (its output's alignment is new), the reduce must read the partials the attention
+    kernel just wrote, not another new buffer."""
+    spec = Spec(q_lens=[1] * 2, kv_lens=[4096, 17], pad_tokens=0, page_size=16, num_kv_heads=2, group=4,
+                head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=2)  # fmt: skip
+    p = build(spec, "cpu")
+    shape = (p.q.shape[0], p.q.shape[1], 64)
+    flat = torch.empty(torch.Size(shape).numel() + 1, dtype=p.q.dtype)
+    with standin.recording_launches(stream=0x5EED) as (attention_kernel, reduce_kernel):
+        # The current stream is not the default one: fresh buffers per call. (``recording_launches`` restores it.)
+        attention._default_stream = lambda device_index: 0xD3F
+        for out in (torch.empty(shape, dtype=p.q.dtype), flat[1:].view(shape)):
+            tpa.paged_attention_out(*p.args, out=out, **p.kwargs)
+        (prepared,) = attention.PREPARED.values()
+    assert prepared.reduce is not None
+    # The second call: attention from addresses, the reduce through Triton's own path (a new alignment of ``out``).
+    assert len(attention_kernel.runs) == 1 and len(reduce_kernel.own) == 2
+    written_out, written_lse = attention_kernel.runs[0][2][3:5]
+    _, reduce_args, _ = reduce_kernel.own[1]
+    assert (reduce_args[0].data_ptr(), reduce_args[1].data_ptr()) == (written_out, written_lse)

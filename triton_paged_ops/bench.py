@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from triton_paged_ops import api, reference
+from triton_paged_ops import api, ops, reference
 from triton_paged_ops.inputs import random_paged_batch
 
 
@@ -219,6 +219,16 @@ def host_time_us(fn, calls: int = 200, warmup: int = 10, repeats: int = 15) -> f
         runs.append((time.perf_counter() - start) / calls * 1e6)
     sync()
     return statistics.median(runs[1:])
+
+
+def call_layer_times_us(args: tuple, out: torch.Tensor, calls: int = 200) -> dict[str, float]:
+    """Host time of one repeated ``paged_attention_out(*args, out=out)`` call through each layer, outside in: the
+    typed wrapper, the ``torch.ops`` dispatch, and the op body alone (see ``host_time_us``)."""
+    return {
+        "api_wrapper": host_time_us(lambda: api.paged_attention_out(*args, out=out), calls),
+        "torch_ops_call": host_time_us(lambda: torch.ops.tpa.paged_attention_out(*args, out=out), calls),
+        "op_body": host_time_us(lambda: ops._attention(*args, out=out, op="paged_attention_out", fake=False), calls),
+    }
 
 
 def host_overhead_us(calls: int = 200) -> float:

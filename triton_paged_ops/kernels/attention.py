@@ -1126,8 +1126,8 @@ def run_attention_launch(
             ptrs = [ptr_out, ptr_lse, ptr_final, lse.data_ptr() if lse is not None else ptr_lse, ptr_cu]
             if r.rest is not None and _launch_reduce.launch_addresses(r.grid, ptrs, r.rest, r.fixed_key, stream):
                 return
-            dst_out, dst_lse = _workspace(q, p.lse_elems, p.out_elems, stream, wrap)
-            launch_reduce(r, dst_out, dst_lse, cu_seqlens_q, out, lse, wrap, stream)
+            # The buffer the attention kernel just wrote (off the default stream a new call would get another).
+            launch_reduce(r, workspace[p.lse_elems :], workspace, cu_seqlens_q, out, lse, wrap, stream)
             return
     if p.out_elems:
         dst_out, dst_lse = _workspace(q, p.lse_elems, p.out_elems, stream, wrap)
