@@ -53,7 +53,7 @@ def test_plan_fills_the_gpu_only_when_needed():
     assert prefill.num_splits == 1
     chunk = plan_splits(1, 8, 64, 16384, 64, 132, block_q=32)  # 2 query blocks x 8 KV heads over a long prefix
     assert chunk.num_splits == 16
-    short = plan_splits(4, 8, 1, 1000, 64, 132)  # too short to be worth a merge
+    short = plan_splits(4, 8, 1, 500, 64, 132)  # under two of the shortest segments: not worth a merge
     assert short.num_splits == 1
     # A CUDA graph's context bound is the whole pool: a full batch is not split 64 ways by it.
     pool = plan_splits(256, 8, 1, 1 << 20, 64, 132)
@@ -66,3 +66,32 @@ def test_forced_plan_respects_tiles(num_splits, max_seqlen_k, block_n):
     assert plan.num_splits <= max(1, num_splits)
     if plan.num_splits > 1:
         assert plan.segment_len % block_n == 0 and plan.num_splits * plan.segment_len >= max_seqlen_k
+
+
+@given(
+    num_seqs=st.integers(1, 64),
+    num_kv_heads=st.sampled_from((1, 2, 8)),
+    max_seqlen_k=st.integers(1, 40_000),
+    block_n=st.sampled_from((32, 64, 128)),
+    num_sms=st.sampled_from((78, 132, 304)),
+)
+def test_a_grid_short_of_the_sms_takes_shorter_segments(num_seqs, num_kv_heads, max_seqlen_k, block_n, num_sms):
+    """Decode grids with fewer programs than SMs (a lone program is latency-bound) cut segments down to
+    ``fill_segment`` keys until there are about two programs per SM; grids that fill the SMs keep the usual
+    ``min_segment`` floor."""
+    base = num_seqs * num_kv_heads
+    plan = plan_splits(num_seqs, num_kv_heads, 1, max_seqlen_k, block_n, num_sms, fill_segment=256)
+    usual = plan_splits(num_seqs, num_kv_heads, 1, max_seqlen_k, block_n, num_sms, fill_segment=1 << 30)
+    programs = base * plan.num_splits
+    if base * usual.num_splits >= num_sms:
+        assert plan == usual
+        return
+    assert plan.num_splits >= usual.num_splits
+    if plan.num_splits > usual.num_splits:
+        # No segment shorter than the floor (rounded up to whole tiles), and no more programs than two per SM
+        # need, give or take the rounding of the segment to whole tiles.
+        assert plan.segment_len >= min(256, max_seqlen_k)
+        assert base * (plan.num_splits - 1) < 2 * num_sms
+    else:
+        # Not split further: already two programs per SM, or the keys do not make two segments of the floor.
+        assert programs >= 2 * num_sms or max_seqlen_k // 256 <= usual.num_splits or usual.num_splits == MAX_SPLITS

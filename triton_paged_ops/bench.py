@@ -66,6 +66,9 @@ def decode_cases() -> list[Case]:
         Case("B32x4k D256", [4096] * 32, head_dim=256),
         Case("B32x4k fp8", [4096] * 32, cache_dtype=torch.float8_e4m3fn),
         Case("B64x8k fp8", [8192] * 64, cache_dtype=torch.float8_e4m3fn),
+        # Too few sequences to fill the GPU even split: latency-bound (appended: earlier cases keep their seeds).
+        Case("B1x4k", [4096]),
+        Case("B4x2k", [2048] * 4),
     ]
 
 

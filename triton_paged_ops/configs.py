@@ -34,7 +34,7 @@ import triton
 SCHEMA = 1
 REGIMES = ("decode", "short", "prefill")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment")
+SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment", "fill_segment")
 # Keys per fixed KV segment of batch-invariant mode (a multiple of the decode KV tile).
 INVARIANT_KEYS = ("invariant_segment",)
 # Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;

@@ -55,6 +55,7 @@ def plan_splits(
     programs_per_sm: int = 4,
     min_segment: int = 1024,
     max_segment: int = 2048,
+    fill_segment: int = 256,
     *,
     block_q: int = 1,
     token_bytes: int = 0,
@@ -65,7 +66,8 @@ def plan_splits(
     at least ``min_segment`` keys (shorter loops are dominated by their start-up latency and the merge), and at most
     ``max_segment`` keys so that in a ragged batch the few longest sequences are spread over several programs
     instead of finishing last; sequences shorter than ``max_seqlen_k`` simply use fewer segments (their other
-    programs exit at once).
+    programs exit at once). A grid that would still hold fewer programs than SMs (one or a few short sequences)
+    takes shorter segments, down to ``fill_segment`` keys, until there are two per SM.
 
     Longer queries (``block_q`` query tokens per program) split only while their query blocks fill at most half
     the SMs, up to two programs per SM, and only as far as a workspace of ``token_bytes`` per query token and
@@ -85,6 +87,23 @@ def plan_splits(
         # A loose context bound (a CUDA graph's is the whole pool) must not multiply the programs of a batch that
         # already fills the GPU: at most MAX_WAVES times the programs that fill it, counting empty ones.
         splits = min(want, by_length, MAX_SPLITS, max(1, MAX_WAVES * num_sms * programs_per_sm // base))
+        plan = _segments(max_seqlen_k, splits, block_n)
+        if base * plan.num_splits < num_sms:
+            # Idle SMs, and programs that each run alone on one: a lone program is latency-bound (its next tile's
+            # loads start when the current tile's math ends: ~2 us per 128-key tile on an H200), so shorter
+            # segments pay although each adds a merge: up to two programs per SM (1 x 4096 keys, 8 KV heads:
+            # 23.5 us at 4 segments, 10.2 at 16; NOTES v19).
+            fill = _segments(max_seqlen_k, min(-(-2 * num_sms // base), max_seqlen_k // fill_segment, MAX_SPLITS),
+                             block_n)  # fmt: skip
+            if fill.num_splits > plan.num_splits:
+                return fill
+        return plan
+    return _segments(max_seqlen_k, splits, block_n)
+
+
+def _segments(max_seqlen_k: int, splits: int, block_n: int) -> SplitPlan:
+    """About ``splits`` segments of whole ``block_n``-key tiles covering ``max_seqlen_k`` keys (rounding may drop
+    one or more: no segment lies wholly past the bound)."""
     if splits <= 1:
         return SplitPlan(1, 0)
     segment = -(-max_seqlen_k // splits)
