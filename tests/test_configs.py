@@ -11,7 +11,7 @@ import torch
 
 from triton_paged_ops import configs
 from triton_paged_ops.__main__ import main
-from triton_paged_ops.kernels.attention import select_attention_config
+from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
 from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, tune
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -224,3 +224,13 @@ def test_fp8_decode_candidates_include_wider_tiles():
         bf16 = candidates("decode", False, quick)
         assert any(c["BLOCK_N"] == 256 for c in fp8) and not any(c["BLOCK_N"] == 256 for c in bf16)
         assert len({tuple(sorted(c.items())) for c in fp8}) == len(fp8)  # no duplicates
+
+
+@pytest.mark.parametrize(
+    ("cfg", "names"),
+    [({"fill_segment": 0}, "fill_segment"), ({"min_segment": -5}, "min_segment"), ({"BLOCK_N": 48}, "BLOCK_N"),
+     ({"num_splits": 0}, "num_splits"), ({"min_segment": 4096, "max_segment": 1024}, "min_segment")],
+)  # fmt: skip
+def test_config_override_names_a_bad_value(cfg, names):
+    with pytest.raises(ValueError, match=names), attention_config_override(**cfg):
+        pass

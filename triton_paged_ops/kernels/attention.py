@@ -283,8 +283,9 @@ PREPARED: dict[tuple, PreparedLaunch | None] = {}
 @contextlib.contextmanager
 def attention_config_override(**cfg: int) -> Iterator[None]:
     """Force launch options in a block: tiles (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``), the split
-    policy (``programs_per_sm``, ``min_segment``, ``max_segment``) or a fixed split count (``num_splits``), the
-    batch-invariant segment (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
+    policy (``programs_per_sm``, ``min_segment``, ``max_segment``, ``fill_segment``: the shortest segment of a grid
+    that would leave SMs idle) or a fixed split count (``num_splits``), the batch-invariant segment
+    (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
     outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like 3 with each sequence's segments
     in the last groups) and who merges split-KV partials
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
@@ -297,6 +298,13 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     unknown = set(cfg) - {*configs.CONFIG_KEYS, "num_splits"}
     if unknown:
         raise ValueError(f"unknown attention config keys: {sorted(unknown)}")
+    # The table entries' rules (positive integers, power-of-two tiles, ...): a zero segment would divide by zero.
+    problem = configs.validate_config({k: v for k, v in cfg.items() if k != "num_splits"} or {"num_warps": 4})
+    splits = cfg.get("num_splits", 1)
+    if problem is None and (not isinstance(splits, int) or isinstance(splits, bool) or splits < 1):
+        problem = f"num_splits must be a positive integer, got {splits!r}"
+    if problem is not None:
+        raise ValueError(f"attention config override: {problem}")
     previous, _config_override = _config_override, dict(sorted(cfg.items()))
     PREPARED.clear()
     try:
