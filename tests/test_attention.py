@@ -93,6 +93,29 @@ def test_matches_reference(spec):
 
 
 @settings(max_examples=max(8, settings.default.max_examples // 3))
+@given(spec=specs(dtypes=DTYPES, max_work=MAX_WORK))
+def test_clamped_page_guard_changes_nothing_on_a_valid_table(spec):
+    """``page_guard=2`` (bad page ids read page 0 instead of dropping their keys) builds its key mask from the key
+    index alone: on a valid block table every output matches the reference, and under the interpreter the bits of
+    the default guard."""
+    p = build(spec, DEVICE)
+    out, lse = run_out_variant(p)
+    t, hq = p.q.shape[:2]
+    out2 = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
+    lse2 = torch.full((t, hq), float("nan"), device=p.q.device)
+    tiles = {"BLOCK_M": spec.tiles[0], "BLOCK_N": spec.tiles[1]} if spec.tiles is not None else {}
+    # (One override with the spec's tiles too: an inner override replaces an outer one.)
+    with attention_config_override(**tiles, **({"num_splits": spec.num_splits} if spec.num_splits else {}),
+                                   page_guard=2):  # fmt: skip
+        tpa.paged_attention_out(*p.args, **p.kwargs, out=out2, lse=lse2)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    assert_close_to_reference(out2, lse2, ref_out, ref_lse, spec.dtype, n)
+    if DEVICE == "cpu":
+        assert torch.equal(out2[:n], out[:n]) and torch.equal(lse2[:n], lse[:n])
+
+
+@settings(max_examples=max(8, settings.default.max_examples // 3))
 @given(spec=specs(dtypes=(torch.bfloat16,), max_work=MAX_WORK))
 def test_bf16_query_on_fp8_cache(spec):
     """A bf16 query on an fp8 cache takes the fp16 product path (scale folded into q): no bf16 product is left, so

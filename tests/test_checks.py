@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
+from triton_paged_ops import reference
+from triton_paged_ops.kernels.attention import attention_config_override
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 I32 = torch.int32
@@ -211,12 +213,29 @@ class TestDebugMode:
         assert out.shape == (5, 8, 64)
 
 
-def test_out_of_range_page_ids_do_not_fault_without_debug():
-    """Without debug mode a bad page id must not read out of bounds: the key is dropped instead."""
+@pytest.mark.parametrize("guard", [1, 2])
+def test_out_of_range_page_ids_do_not_fault_without_debug(guard):
+    """Without debug mode a bad page id must not read out of bounds: its keys are dropped (``page_guard`` 1, the
+    default) or read from page 0 (``page_guard`` 2); the other sequences are untouched."""
     args = good_args()
-    args["block_table"][0, 1] = 10_000_000
-    out = call(args)
-    assert torch.isfinite(out).all()
+    good_table = args["block_table"].clone()
+    args["block_table"][0, 1] = 10_000_000  # keys 16..19 of sequence 0 (its 4 queries sit at positions 16..19)
+    with attention_config_override(page_guard=guard):
+        out = call(args)
+    q, k, v = args["q"], args["k_cache"], args["v_cache"]
+    cu1 = torch.tensor([0, 4], dtype=I32, device=DEVICE)
+    if guard == 1:
+        # Each query saw keys 0..15 and its own page is gone: all four see exactly keys 0..15.
+        want0 = reference.paged_attention(q[:4], k, v, good_table[:1], cu1, torch.tensor([16], dtype=I32,
+                                          device=DEVICE), args["scale"], causal=False)  # fmt: skip
+    else:
+        table = good_table[:1].clone()
+        table[0, 1] = 0
+        want0 = reference.paged_attention(q[:4], k, v, table, cu1, args["seq_lens"][:1], args["scale"])
+    want1 = reference.paged_attention(q[4:], k, v, good_table[1:], torch.tensor([0, 1], dtype=I32, device=DEVICE),
+                                      args["seq_lens"][1:], args["scale"])  # fmt: skip
+    torch.testing.assert_close(out[:4], want0, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out[4:], want1, rtol=1e-4, atol=1e-4)
 
 
 def test_out_of_range_table_rows_do_not_fault_without_debug():

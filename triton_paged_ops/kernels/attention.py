@@ -120,6 +120,7 @@ def _attend_tile(
     HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr,
 ):
     """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step.
 
@@ -132,8 +133,13 @@ def _attend_tile(
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     key_valid = offs_n < kv_len
-    # A page id outside the cache would be an illegal access; such keys are dropped (debug mode reports them).
-    key_valid = key_valid & (page >= 0) & (page < num_pages)
+    # A page id outside the cache would be an illegal access (debug mode reports them). Such keys are dropped, or
+    # with CLAMP_PAGES read page 0 instead: the key mask then depends on the key index alone, and no tile converts
+    # it from the page ids' register layout to the K and score layouts through shared memory (NOTES v19).
+    if CLAMP_PAGES:
+        page = tl.where((page >= 0) & (page < num_pages), page, 0)
+    else:
+        key_valid = key_valid & (page >= 0) & (page < num_pages)
     # int64: page * stride overflows int32 for caches past 2 G elements.
     slot = offs_n % PAGE_SIZE
     k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
@@ -199,7 +205,7 @@ def _attend_range(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
     [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after."""
@@ -236,7 +242,7 @@ def _attend_range(
                     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                     HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, phase != 1,
+                    DOT_PRECISION, phase != 1, CLAMP_PAGES,
                 )  # fmt: skip
     return acc, m_i, l_i
 
@@ -290,7 +296,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     in the last groups) and who merges split-KV partials
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
     second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
-    one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows).
+    one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows),
+    and what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -358,6 +365,8 @@ def select_attention_config(
     cfg.setdefault("split_merge", 1)
     # The reduce kernel as a plain launch (1) or a programmatic dependent one (2) where the device has it.
     cfg.setdefault("reduce_launch", 2)
+    # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask).
+    cfg.setdefault("page_guard", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -379,7 +388,7 @@ def _attend_block(
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, FP8_VIA_FP16: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SEQUENTIAL_MERGE: tl.constexpr,
-    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr,
+    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
     its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse).
@@ -462,7 +471,7 @@ def _attend_block(
                 qk_scale, softcap, window_left, alibi_slope,
                 stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES,
             )  # fmt: skip
             o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
@@ -476,7 +485,7 @@ def _attend_block(
             num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
             stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES,
         )  # fmt: skip
         out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
 
@@ -647,6 +656,7 @@ def _paged_attention_kernel(
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr,
     FINAL_LSE: tl.constexpr,
@@ -767,7 +777,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
-                FINAL_LSE, False,
+                FINAL_LSE, False, CLAMP_PAGES,
             )  # fmt: skip
             return
     _attend_block(
@@ -779,7 +789,7 @@ def _paged_attention_kernel(
         stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
-        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, True,
+        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, True, CLAMP_PAGES,
     )  # fmt: skip
 
 
@@ -931,7 +941,7 @@ def _cached_launch_plan(
         FP8_VIA_FP16=cache_dtype.itemsize == 1 and dtype == torch.bfloat16,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
-        DECODE_ORDER=cfg["decode_order"],
+        DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
