@@ -320,6 +320,29 @@ def test_mixed_batch_prefill_chunks_and_decodes(tiles, window_left, num_splits):
 
 
 @pytest.mark.parametrize("num_splits", [None, 3])
+def test_mixed_batch_decode_rows_with_page_ids_ahead(num_splits):
+    """``small_pages_ahead=2``: the one-token rows of a prefill launch load each tile's page ids a tile ahead (their
+    loop at two stages): every row still matches the reference, and under the interpreter the default's bits."""
+    spec = Spec(q_lens=[45, 1, 1, 3, 1, 20], kv_lens=[300, 70, 1, 50, 260, 20], pad_tokens=2, page_size=16,
+                num_kv_heads=2, group=4, head_dim=64, head_dim_v=64, dtype=torch.float32, causal=True,
+                window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125,
+                strided=False, spare_pages=1, extra_cols=0, tiles=None, seed=12, num_splits=None)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, **({"num_splits": num_splits} if num_splits else {}))
+    results = []
+    for ahead in (1, 2):
+        with attention_config_override(**cfg, small_pages_ahead=ahead):
+            lp = _launch_plan(p)
+            assert lp.constexprs["SMALL_M"] == 16 and lp.constexprs["SMALL_PAGES_AHEAD"] == (2 if ahead == 2 else 0)
+            results.append(run_out_variant(p))
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    assert_close_to_reference(*results[1], ref_out, ref_lse, spec.dtype, n)
+    if DEVICE == "cpu":
+        assert torch.equal(results[1][0][:n], results[0][0][:n]) and torch.equal(results[1][1][:n], results[0][1][:n])
+
+
+@pytest.mark.parametrize("num_splits", [None, 3])
 def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_splits):
     """``small_block_n``: one-token rows of a mixed launch take a KV tile wider than the tall tiles' when no
     sequence is split (segment edges must stay tile edges of both branches otherwise); same results."""

@@ -212,6 +212,7 @@ def _attend_range(
     # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
     # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
+    loop_stages: tl.constexpr = 2 if PAGES_AHEAD == 2 else None
     if one_token:
         mid_lo, mid_hi = lo, hi
     else:
@@ -226,13 +227,14 @@ def _attend_range(
             start, stop = mid_hi, hi
         # No code for ranges that are always empty: before full_lo (0) without a window, after hi for one token.
         if (phase == 0 and HAS_WINDOW) or phase == 1 or (phase == 2 and not one_token):
-            # Decode launches load each tile's page ids one tile ahead: the tile's K/V addresses are then known when
-            # its loads are issued, not after a block-table load (fp8 decode +4-7%, NOTES v19). Taller tiles keep
-            # the plain order (there the pipeliner would stage more buffers than the shared memory holds, D256),
-            # and so do the one-token rows of a prefill launch (they cost its tall tiles shared memory).
+            # Decode launches load each tile's page ids one tile ahead (PAGES_AHEAD 1): the tile's K/V addresses are
+            # then known when its loads are issued, not after a block-table load (fp8 decode +4-7%, NOTES v19).
+            # Taller tiles keep the plain order (there the pipeliner would stage more buffers than the shared memory
+            # holds, D256), and so do the one-token rows of a prefill launch (0: with the launch's stages they cost
+            # its tall tiles shared memory and speed), unless their loop is held to two stages (2, an option).
             page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N)
-            for start_n in range(start, stop, BLOCK_N):
-                if one_token and PAGES_AHEAD:
+            for start_n in tl.range(start, stop, BLOCK_N, num_stages=loop_stages):
+                if one_token and PAGES_AHEAD > 0:
                     tile_page = page
                     page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                 else:
@@ -297,7 +299,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
     second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
     one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows),
-    and what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0).
+    what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and
+    the tile order of those one-token rows (``small_pages_ahead``: 1 plain, 2 page ids a tile ahead, two stages).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -367,6 +370,9 @@ def select_attention_config(
     cfg.setdefault("reduce_launch", 2)
     # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask).
     cfg.setdefault("page_guard", 1)
+    # One-token rows of a prefill launch: tiles in the plain order (1), or page ids a tile ahead with their loop held
+    # to two stages (2; 01da993's ahead order at the launch's stages cost D128 prefill 5-6%, NOTES v19).
+    cfg.setdefault("small_pages_ahead", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -657,6 +663,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
+    SMALL_PAGES_AHEAD: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr,
     FINAL_LSE: tl.constexpr,
@@ -777,7 +784,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
-                FINAL_LSE, False, CLAMP_PAGES,
+                FINAL_LSE, SMALL_PAGES_AHEAD, CLAMP_PAGES,
             )  # fmt: skip
             return
     _attend_block(
@@ -789,7 +796,7 @@ def _paged_attention_kernel(
         stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
-        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, True, CLAMP_PAGES,
+        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, 1, CLAMP_PAGES,
     )  # fmt: skip
 
 
@@ -942,6 +949,7 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2,
+        SMALL_PAGES_AHEAD=2 if cfg["small_pages_ahead"] == 2 and cfg["SMALL_M"] else 0,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
