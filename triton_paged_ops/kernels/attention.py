@@ -371,7 +371,7 @@ def select_attention_config(
     # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask).
     cfg.setdefault("page_guard", 1)
     # One-token rows of a prefill launch: tiles in the plain order (1), or page ids a tile ahead with their loop held
-    # to two stages (2; 01da993's ahead order at the launch's stages cost D128 prefill 5-6%, NOTES v19).
+    # to two stages (2; ahead at the launch's three stages cost D128 prefill 5-6%, NOTES v19).
     cfg.setdefault("small_pages_ahead", 1)
     if _config_override:
         cfg.update(_config_override)
