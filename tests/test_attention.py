@@ -94,10 +94,16 @@ def test_matches_reference(spec):
 
 @settings(max_examples=max(8, settings.default.max_examples // 3))
 @given(spec=specs(dtypes=DTYPES, max_work=MAX_WORK))
+@example(  # decode rows with whole tiles and a partial last one (the unguarded loop and the tail after it), split
+    spec=Spec(q_lens=[1, 1, 1], kv_lens=[300, 64, 5], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
+              head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+              use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
+              extra_cols=0, tiles=(16, 32), seed=5, num_splits=3)
+)  # fmt: skip
 def test_clamped_page_guard_changes_nothing_on_a_valid_table(spec):
     """``page_guard=2`` (bad page ids read page 0 instead of dropping their keys) builds its key mask from the key
-    index alone: on a valid block table every output matches the reference, and under the interpreter the bits of
-    the default guard."""
+    index alone, and one-token rows run their whole tiles unguarded: on a valid block table every output matches
+    the reference, and under the interpreter the bits of the default guard."""
     p = build(spec, DEVICE)
     out, lse = run_out_variant(p)
     t, hq = p.q.shape[:2]

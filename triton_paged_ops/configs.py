@@ -49,7 +49,7 @@ MERGE_KEYS = ("split_merge", "reduce_launch")
 # their loop at two stages).
 SMALL_KEYS = ("small_block_n", "small_pages_ahead")
 # A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (default),
-# 2 read from page 0 (its key mask then depends on the key index alone).
+# 2 read from page 0 (its key mask then depends on the key index alone, and decode rows run whole tiles unguarded).
 GUARD_KEYS = ("page_guard",)
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"

@@ -127,7 +127,8 @@ def _attend_tile(
     ``MASKED=False`` for tiles that every row of the block sees whole (inside the sequence, below the causal
     diagonal, inside the window): the per-element row/causal/window mask is skipped, only the per-key guard
     remains. Visible scores get the same operations either way (a select of the score or -inf before the
-    softmax), so a row's bits do not depend on the tile kind.
+    softmax), so a row's bits do not depend on the tile kind. ``MASKED=2``: a tile of keys all below ``kv_len``
+    whose page ids are clamped (``CLAMP_PAGES``): no guard at all (no load masks, no select), same bits.
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -144,11 +145,14 @@ def _attend_tile(
     slot = offs_n % PAGE_SIZE
     k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
     v_row = page.to(tl.int64) * stride_v_page + slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head
-    k = tl.load(
-        k_cache_ptr + k_row[None, :] + offs_d[:, None],
-        mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
-        other=0.0,
-    )
+    if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
+        k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
+    else:
+        k = tl.load(
+            k_cache_ptr + k_row[None, :] + offs_d[:, None],
+            mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
+            other=0.0,
+        )
     s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
     # Without a cap or ALiBi the scale is applied inside the exponent's fma (one instruction per score instead of a
     # multiply and a subtraction); it is positive there (_attend_block), so the row max scales with it exactly.
@@ -163,7 +167,9 @@ def _attend_tile(
         # An explicit fma for the same reason: with two products in one sum the contraction choice is free.
         s = tl.fma(alibi_slope[:, None], (offs_n[None, :] - q_pos[:, None]).to(tl.float32), s)
 
-    if MASKED:
+    if MASKED == 2:
+        pass
+    elif MASKED:
         visible = row_valid[:, None] & key_valid[None, :]
         if IS_CAUSAL:
             visible = visible & (offs_n[None, :] <= q_pos[:, None])
@@ -188,11 +194,14 @@ def _attend_tile(
     if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
         acc = acc * alpha[:, None]
 
-    v = tl.load(
-        v_cache_ptr + v_row[:, None] + offs_dv[None, :],
-        mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
-        other=0.0,
-    )
+    if MASKED == 2 and HEAD_DIM_V == HEAD_DIM_V_PAD:
+        v = tl.load(v_cache_ptr + v_row[:, None] + offs_dv[None, :])
+    else:
+        v = tl.load(
+            v_cache_ptr + v_row[:, None] + offs_dv[None, :],
+            mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
+            other=0.0,
+        )
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
@@ -213,7 +222,12 @@ def _attend_range(
     # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
     loop_stages: tl.constexpr = 2 if PAGES_AHEAD == 2 else None
-    if one_token:
+    # With clamped page ids a one-token row's whole tiles need no key guard at all: they run unguarded (MASKED 2)
+    # and the last, partial tile alone after them (NOTES v19).
+    lean = one_token and CLAMP_PAGES
+    if lean:
+        mid_lo, mid_hi = lo, lo + (hi - lo) // BLOCK_N * BLOCK_N
+    elif one_token:
         mid_lo, mid_hi = lo, hi
     else:
         mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
@@ -244,8 +258,18 @@ def _attend_range(
                     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                     HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, phase != 1, CLAMP_PAGES,
+                    DOT_PRECISION, 2 if lean and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
                 )  # fmt: skip
+    if lean:
+        # At most one partial tile: no pipeline to fill.
+        for start_n in tl.range(mid_hi, hi, BLOCK_N, num_stages=1):
+            acc, m_i, l_i = _attend_tile(
+                acc, m_i, l_i, q, start_n, _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N), k_cache_ptr,
+                v_cache_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
+                alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
+                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES,
+            )  # fmt: skip
     return acc, m_i, l_i
 
 
@@ -368,7 +392,8 @@ def select_attention_config(
     cfg.setdefault("split_merge", 1)
     # The reduce kernel as a plain launch (1) or a programmatic dependent one (2) where the device has it.
     cfg.setdefault("reduce_launch", 2)
-    # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask).
+    # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask, and decode
+    # rows' whole tiles unguarded).
     cfg.setdefault("page_guard", 1)
     # One-token rows of a prefill launch: tiles in the plain order (1), or page ids a tile ahead with their loop held
     # to two stages (2; ahead at the launch's three stages cost D128 prefill 5-6%, NOTES v19).
