@@ -120,10 +120,7 @@ def num_sms_of(device: torch.device) -> int:
 
 def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> SplitPlan:
     """The plan for a caller-chosen split count (tuning, tests); segments stay multiples of ``block_n``."""
-    if num_splits <= 1 or max_seqlen_k <= 0:
-        return SplitPlan(1, 0)
-    segment = -(-max(1, -(-max_seqlen_k // num_splits)) // block_n) * block_n
-    return SplitPlan(-(-max_seqlen_k // segment), segment)
+    return SplitPlan(1, 0) if max_seqlen_k <= 0 else _segments(max_seqlen_k, num_splits, block_n)
 
 
 def invariant_split_plan(

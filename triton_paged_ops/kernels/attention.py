@@ -261,7 +261,7 @@ def _attend_range(
                     DOT_PRECISION, 2 if lean and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
                 )  # fmt: skip
     if lean:
-        # At most one partial tile: no pipeline to fill.
+        # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
         for start_n in tl.range(mid_hi, hi, BLOCK_N, num_stages=1):
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, start_n, _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N), k_cache_ptr,
@@ -333,7 +333,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     if unknown:
         raise ValueError(f"unknown attention config keys: {sorted(unknown)}")
     # The table entries' rules (positive integers, power-of-two tiles, ...): a zero segment would divide by zero.
-    problem = configs.validate_config({k: v for k, v in cfg.items() if k != "num_splits"} or {"num_warps": 4})
+    table_keys = {k: v for k, v in cfg.items() if k != "num_splits"}
+    problem = configs.validate_config(table_keys) if table_keys else None
     splits = cfg.get("num_splits", 1)
     if problem is None and (not isinstance(splits, int) or isinstance(splits, bool) or splits < 1):
         problem = f"num_splits must be a positive integer, got {splits!r}"
