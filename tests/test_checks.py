@@ -107,17 +107,18 @@ def test_bad_argument_is_named(name, mutate, message):
     [
         ({"window_left": -2}, "window_left"),
         ({"softcap": -1.0}, "softcap"),
-        ({"alibi_slopes": torch.ones(4)}, "alibi_slopes must have shape"),
-        ({"alibi_slopes": torch.ones(8, dtype=torch.float16)}, "alibi_slopes must have dtype"),
-        ({"sinks": torch.ones(2, 4)}, "sinks must have 1 dims"),
-        ({"sinks": torch.ones(16)[::2]}, "sinks must be contiguous"),
-        ({"alibi_slopes": torch.ones(16)[::2]}, "alibi_slopes must be contiguous"),
-        ({"k_scale": torch.ones(2)}, "k_scale must have exactly 1 element"),
-        ({"v_scale": torch.ones(1, dtype=torch.float64)}, "v_scale must be float32"),
+        ({"alibi_slopes": lambda d: torch.ones(4, device=d)}, "alibi_slopes must have shape"),
+        ({"alibi_slopes": lambda d: torch.ones(8, dtype=torch.float16, device=d)}, "alibi_slopes must have dtype"),
+        ({"sinks": lambda d: torch.ones(2, 4, device=d)}, "sinks must have 1 dims"),
+        ({"sinks": lambda d: torch.ones(16, device=d)[::2]}, "sinks must be contiguous"),
+        ({"alibi_slopes": lambda d: torch.ones(16, device=d)[::2]}, "alibi_slopes must be contiguous"),
+        ({"k_scale": lambda d: torch.ones(2, device=d)}, "k_scale must have exactly 1 element"),
+        ({"v_scale": lambda d: torch.ones(1, dtype=torch.float64, device=d)}, "v_scale must be float32"),
     ],
 )
 def test_bad_feature_argument_is_named(kw, message):
-    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    # Tensors are made on the device itself: moving a strided view there would give a contiguous copy.
+    kw = {k: v(DEVICE) if callable(v) else v for k, v in kw.items()}
     with pytest.raises((ValueError, TypeError), match=message):
         call(good_args(), **kw)
 

@@ -215,6 +215,20 @@ def test_fp8_caches_have_their_own_entries(tables):
     assert block_n(None) == block_n(torch.float16) != 32
 
 
+def test_fp8_decode_clamps_page_ids_by_default():
+    """fp8-cache decode reads bad page ids from page 0 (``page_guard`` 2, measured faster); other calls drop them
+    (1), and a table entry or an override still decides."""
+    fp8 = torch.float8_e4m3fn
+
+    def guard(cache_dtype, max_q):
+        return select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)["page_guard"]
+
+    assert guard(fp8, 1) == 2
+    assert guard(None, 1) == guard(torch.float16, 1) == guard(fp8, 8) == guard(fp8, 300) == 1
+    with attention_config_override(page_guard=1):
+        assert guard(fp8, 1) == 1
+
+
 def test_fp8_decode_candidates_include_wider_tiles():
     """fp8 tiles are half the bytes: the GPU search for fp8 decode tries 256-key tiles, the bf16 search does not."""
     from triton_paged_ops.tune import candidates

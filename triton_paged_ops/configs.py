@@ -45,9 +45,8 @@ ORDER_KEYS = ("decode_order",)
 # second kernel is a plain launch (1) or a programmatic dependent one (2, default where the device has it).
 MERGE_KEYS = ("split_merge", "reduce_launch")
 # KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default: the
-# decode tile's width, at most the launch's own BLOCK_N); their tile order (1 plain, 2 page ids a tile ahead with
-# their loop at two stages).
-SMALL_KEYS = ("small_block_n", "small_pages_ahead")
+# decode tile's width, at most the launch's own BLOCK_N).
+SMALL_KEYS = ("small_block_n",)
 # A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (default),
 # 2 read from page 0 (its key mask then depends on the key index alone, and decode rows run whole tiles unguarded).
 GUARD_KEYS = ("page_guard",)
@@ -114,9 +113,8 @@ def validate_config(cfg: object) -> str | None:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "small_pages_ahead"):
-        if cfg.get(key, 1) not in (1, 2):
-            return f"{key} must be 1 or 2, got {cfg[key]}"
+    if cfg.get("page_guard", 1) not in (1, 2):
+        return f"page_guard must be 1 or 2, got {cfg['page_guard']}"
     return None
 
 

@@ -221,7 +221,6 @@ def _attend_range(
     # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
     # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
-    loop_stages: tl.constexpr = 2 if PAGES_AHEAD == 2 else None
     # With clamped page ids a one-token row's whole tiles need no key guard at all: they run unguarded (MASKED 2)
     # and the last, partial tile alone after them (NOTES v19).
     lean = one_token and CLAMP_PAGES
@@ -245,10 +244,10 @@ def _attend_range(
             # then known when its loads are issued, not after a block-table load (fp8 decode +4-7%, NOTES v19).
             # Taller tiles keep the plain order (there the pipeliner would stage more buffers than the shared memory
             # holds, D256), and so do the one-token rows of a prefill launch (0: with the launch's stages they cost
-            # its tall tiles shared memory and speed), unless their loop is held to two stages (2, an option).
+            # its tall tiles shared memory and speed; held to two stages, they still cost whole prompts 6%, NOTES v20).
             page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N)
-            for start_n in tl.range(start, stop, BLOCK_N, num_stages=loop_stages):
-                if one_token and PAGES_AHEAD > 0:
+            for start_n in tl.range(start, stop, BLOCK_N):
+                if one_token and PAGES_AHEAD:
                     tile_page = page
                     page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                 else:
@@ -323,8 +322,7 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
     second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
     one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows),
-    what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and
-    the tile order of those one-token rows (``small_pages_ahead``: 1 plain, 2 page ids a tile ahead, two stages).
+    and what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -394,11 +392,10 @@ def select_attention_config(
     # The reduce kernel as a plain launch (1) or a programmatic dependent one (2) where the device has it.
     cfg.setdefault("reduce_launch", 2)
     # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask, and decode
-    # rows' whole tiles unguarded).
-    cfg.setdefault("page_guard", 1)
-    # One-token rows of a prefill launch: tiles in the plain order (1), or page ids a tile ahead with their loop held
-    # to two stages (2; ahead at the launch's three stages cost D128 prefill 5-6%, NOTES v19).
-    cfg.setdefault("small_pages_ahead", 1)
+    # rows' whole tiles unguarded). On the H200, 2 made fp8-cache decode 16% faster; with bf16 caches it won on
+    # B256x2k (+4.6%) but lost on the ragged batch (-4%) and D64 (-25%: 168 registers instead of 94), NOTES v20.
+    fp8_decode = cache_dtype is not None and cache_dtype.itemsize == 1 and max_seqlen_q <= 1
+    cfg.setdefault("page_guard", 2 if fp8_decode else 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -689,7 +686,6 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
-    SMALL_PAGES_AHEAD: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr,
     FINAL_LSE: tl.constexpr,
@@ -810,7 +806,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
-                FINAL_LSE, SMALL_PAGES_AHEAD, CLAMP_PAGES,
+                FINAL_LSE, 0, CLAMP_PAGES,
             )  # fmt: skip
             return
     _attend_block(
@@ -975,7 +971,6 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2,
-        SMALL_PAGES_AHEAD=2 if cfg["small_pages_ahead"] == 2 and cfg["SMALL_M"] else 0,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
