@@ -50,10 +50,10 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: d
 
 def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=128, group=4, num_seqs=4, max_q=1,
                       max_k=8192, window=-1, softcap=0.0, alibi=False, sinks=False, scales=False, rows=False,
-                      lse=False, invariant=False, device_index=None) -> dict:  # fmt: skip
+                      lse=False, invariant=False, device_index=None, page_size=16) -> dict:  # fmt: skip
     cache_dtype = cache_dtype or dtype
     lp = attention.attention_launch_plan(
-        num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=16, dtype=dtype,
+        num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype,
         cache_dtype=cache_dtype, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=True,
         window_left=window, softcap=softcap, has_alibi=alibi, has_sinks=sinks, has_k_scale=scales,
         has_v_scale=scales, has_rows=rows, want_lse=lse, device_index=device_index, interpret=False,
@@ -67,7 +67,7 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
                 "final_lse_ptr": f32}  # fmt: skip
     index_ptrs = ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")
     pointers |= {p: torch.int32 for p in index_ptrs}
-    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits}"}
+    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits} block_copies={lp.constexprs['KV_DESC']}"}
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
@@ -118,6 +118,12 @@ def main() -> int:
         attention_variant("invariant decode split", max_k=32768, lse=True, invariant=True),
         attention_variant("invariant fp32 short", dtype=torch.float32, max_q=8, max_k=4096, invariant=True),
         attention_variant("invariant decode alibi softcap", max_k=8192, alibi=True, softcap=30.0, invariant=True),
+    ]
+    # Tall tiles inside one page copy K/V through tensor descriptors on an sm_90 device (TMA).
+    attention.tensor_descriptors_supported = lambda device_index, interpret: True
+    results += [
+        attention_variant("prefill page 64 block copies", max_q=512, page_size=64, lse=True, sinks=True),
+        attention_variant("short page 64 block copies", max_q=8, max_k=4096, page_size=64, window=1000),
     ]
     merge_ptrs = {p: torch.float32 for p in ("lse_a_ptr", "lse_b_ptr", "lse_ptr")}
     merge_ptrs |= {p: torch.bfloat16 for p in ("out_a_ptr", "out_b_ptr", "out_ptr")}

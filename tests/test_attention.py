@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
+from triton_paged_ops.inputs import random_paged_batch
 from triton_paged_ops.kernels import attention
 from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
 from triton_paged_ops.ops import INTERPRET
@@ -349,6 +350,94 @@ def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_sp
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
     assert out[p.num_real_tokens :].isnan().all()
+
+
+def _poison_unused_slots(b) -> None:
+    """NaN in every cache slot no sequence owns (past each sequence's end, spare pages): a kernel that lets such a
+    slot reach its output (0 * NaN in P @ V) fails."""
+    owned = torch.zeros(b.k_cache.shape[:2], dtype=torch.bool, device=b.k_cache.device)
+    for row, n in zip(b.block_table, b.seq_lens.tolist()):
+        for j in range(-(-n // b.k_cache.shape[1])):
+            owned[row[j], : min(b.k_cache.shape[1], n - j * b.k_cache.shape[1])] = True
+    b.k_cache[~owned] = float("nan")
+    b.v_cache[~owned] = float("nan")
+
+
+@pytest.mark.parametrize("page_size", [16, 32])
+@pytest.mark.parametrize(("window_left", "num_splits"), [(-1, None), (24, None), (-1, 2)])
+def test_block_copies_through_tensor_descriptors(page_size, window_left, num_splits):
+    """``kv_loads=2``: tall tiles inside one page arrive as one tensor-descriptor copy per tile. Chunks on a prefix,
+    whole prompts and decode rows in one launch (the decode rows keep their gathers), unowned slots NaN: every row
+    matches the reference, and under the interpreter the gathers' bits."""
+    gen = torch.Generator(device=DEVICE).manual_seed(page_size + window_left)
+    dtype = torch.float16
+    b = random_paged_batch([37, 1, 20, 3], [100, 50, 20, 70], num_q_heads=8, num_kv_heads=2, head_dim=64,
+                           page_size=page_size, dtype=dtype, device=DEVICE, generator=gen, spare_pages=2,
+                           pad_tokens=2)  # fmt: skip
+    _poison_unused_slots(b)
+    n = int(b.cu_seqlens_q[-1])
+    results = []
+    for loads in (1, 2):
+        out = torch.full((b.q.shape[0], 8, 64), float("nan"), dtype=dtype, device=DEVICE)
+        lse = torch.full((b.q.shape[0], 8), float("nan"), device=DEVICE)
+        cfg = dict(BLOCK_M=32, BLOCK_N=16, kv_loads=loads, **({"num_splits": num_splits} if num_splits else {}))
+        with attention_config_override(**cfg):
+            lp = attention_launch_plan(num_q_heads=8, num_kv_heads=2, head_dim=64, head_dim_v=64,
+                                       page_size=page_size, dtype=dtype, cache_dtype=dtype, num_seqs=4,
+                                       max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, causal=True,
+                                       window_left=window_left, softcap=0.0, has_alibi=False, has_sinks=False,
+                                       has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
+                                       device_index=None if INTERPRET else 0, interpret=INTERPRET)  # fmt: skip
+            assert lp.constexprs["KV_DESC"] == (loads == 2)
+            tpa.paged_attention_out(*b.args, window_left=window_left, out=out, lse=lse)
+        results.append((out, lse))
+    ref_out, ref_lse = reference.paged_attention_with_lse(*b.args[:6], b.scale, window_left=window_left)
+    out, lse = results[1]
+    assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, n)
+    assert out[n:].isnan().all()
+    if DEVICE == "cpu":
+        assert torch.equal(out[:n], results[0][0][:n]) and torch.equal(lse[:n], results[0][1][:n])
+
+
+def test_block_copies_fall_back_to_gathers_off_16_byte_addresses(monkeypatch):
+    """Caches whose base address a descriptor cannot take (2 bytes past 16-byte alignment), in a first call or in a
+    repeat of an aligned call's metadata: the launch gathers instead, with the same results."""
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    b = random_paged_batch([20, 12], [40, 30], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
+                           dtype=torch.float16, device=DEVICE, generator=gen)  # fmt: skip
+    ref = reference.paged_attention(*b.args[:6], b.scale)
+    flat = torch.empty(2 * b.k_cache.numel() + 8, dtype=torch.float16, device=DEVICE)
+    caches = []
+    for offset in (0, 1):
+        k = flat[offset : offset + b.k_cache.numel()].view(b.k_cache.shape)
+        v = flat[offset + b.k_cache.numel() : offset + 2 * b.k_cache.numel()].view(b.k_cache.shape)
+        assert attention.kv_desc_layout_ok(k, v) == (offset == 0)
+        caches.append((k, v))
+    launched = []
+    real = attention._launch_attention
+
+    class Spy:
+        def __call__(self, grid, args, constexprs, *rest):
+            launched.append(constexprs["KV_DESC"])
+            return real(grid, args, constexprs, *rest)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(attention, "_launch_attention", Spy())
+    outs = []
+    with attention_config_override(BLOCK_M=32, BLOCK_N=16, kv_loads=2):
+        for k, v in (*caches, caches[1]):
+            k.copy_(b.k_cache)
+            v.copy_(b.v_cache)
+            outs.append(tpa.paged_attention(b.q, k, v, *b.args[3:]))
+            if len(outs) == 2:
+                # The repeat at the unaligned address used the aligned call's prepared launch: forget it.
+                attention.PREPARED.clear()
+    # Aligned: copies; the same metadata unaligned: gathers; a first call unaligned: gathers.
+    assert launched == [True, False, False]
+    for out in outs:
+        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.gpu

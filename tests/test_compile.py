@@ -38,5 +38,7 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     for gpu, e in entries:
         plan = names[f"{gpu} {e['dtype']} D{e['head_dim']} {e['regime']}"]
         assert all(f"'{k}': {v}" in plan for k, v in e["config"].items() if k in ("BLOCK_N", "num_stages")), plan
+    # The block-copy variants were compiled with their descriptors.
+    assert all("block_copies=True" in r["plan"] for r in results if "block copies" in r["name"])
     # The batch-invariant split comes with its sequential reduce.
     assert any(r["name"].startswith("invariant decode") and "reduce_shared" in r for r in results)

@@ -50,7 +50,10 @@ SMALL_KEYS = ("small_block_n",)
 # A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (default),
 # 2 read from page 0 (its key mask then depends on the key index alone, and decode rows run whole tiles unguarded).
 GUARD_KEYS = ("page_guard",)
-CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS
+# How tall tiles read K/V when one page holds whole KV tiles: 1 per-row gathers through the block table, 2 one
+# tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).
+LOAD_KEYS = ("kv_loads",)
+CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
 
@@ -113,8 +116,9 @@ def validate_config(cfg: object) -> str | None:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    if cfg.get("page_guard", 1) not in (1, 2):
-        return f"page_guard must be 1 or 2, got {cfg['page_guard']}"
+    for key in ("page_guard", "kv_loads"):
+        if cfg.get(key, 1) not in (1, 2):
+            return f"{key} must be 1 or 2, got {cfg[key]}"
     return None
 
 

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import torch
 import triton
 import triton.language as tl
+from triton.runtime import _allocation
 
 from triton_paged_ops import configs
 from triton_paged_ops.kernels.launch import Launcher
@@ -121,6 +122,7 @@ def _attend_tile(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
+    KV_DESC: tl.constexpr,
 ):
     """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step.
 
@@ -129,6 +131,8 @@ def _attend_tile(
     remains. Visible scores get the same operations either way (a select of the score or -inf before the
     softmax), so a row's bits do not depend on the tile kind. ``MASKED=2``: a tile of keys all below ``kv_len``
     whose page ids are clamped (``CLAMP_PAGES``): no guard at all (no load masks, no select), same bits.
+    ``KV_DESC``: the tile lies in one page (``page`` is its id) and ``k_cache_ptr``/``v_cache_ptr`` are tensor
+    descriptors of the KV head's rows (``_kv_descriptors``): each tile arrives as one block copy (TMA on NVIDIA).
     """
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
@@ -141,11 +145,20 @@ def _attend_tile(
         page = tl.where((page >= 0) & (page < num_pages), page, 0)
     else:
         key_valid = key_valid & (page >= 0) & (page < num_pages)
-    # int64: page * stride overflows int32 for caches past 2 G elements.
-    slot = offs_n % PAGE_SIZE
-    k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
-    v_row = page.to(tl.int64) * stride_v_page + slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head
-    if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
+    if KV_DESC:
+        # A bad page's rows are asked for just past the cache's last row: the copy fills them with zeros (and its
+        # keys are dropped), where the product page * PAGE_SIZE could wrap around into another page.
+        page_ok = (page >= 0) & (page < num_pages)
+        desc_row = tl.where(page_ok, page * PAGE_SIZE + start_n % PAGE_SIZE, num_pages * PAGE_SIZE)
+        k = tl.trans(k_cache_ptr.load([desc_row, 0]))
+    else:
+        # int64: page * stride overflows int32 for caches past 2 G elements.
+        slot = offs_n % PAGE_SIZE
+        k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
+        v_row = page.to(tl.int64) * stride_v_page + slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head
+    if KV_DESC:
+        pass
+    elif MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
         k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
     else:
         k = tl.load(
@@ -194,7 +207,13 @@ def _attend_tile(
     if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
         acc = acc * alpha[:, None]
 
-    if MASKED == 2 and HEAD_DIM_V == HEAD_DIM_V_PAD:
+    if KV_DESC:
+        v = v_cache_ptr.load([desc_row, 0])
+        if MASKED == 1:
+            # A page's slots past the sequence hold whatever was there (NaN bits too): 0 * NaN would poison the
+            # product, so those rows are zeroed (only masked tiles reach past kv_len).
+            v = tl.where(key_valid[:, None], v, 0.0)
+    elif MASKED == 2 and HEAD_DIM_V == HEAD_DIM_V_PAD:
         v = tl.load(v_cache_ptr + v_row[:, None] + offs_dv[None, :])
     else:
         v = tl.load(
@@ -214,13 +233,23 @@ def _attend_range(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
-    [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after."""
+    [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after.
+    ``KV_DESC``: each tile lies in one page; tall tiles then copy K and V through tensor descriptors."""
     # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
     # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
+    # (One-token rows keep the gathers: their last tile reaches past kv_len unmasked, which a block copy would read.)
+    use_desc: tl.constexpr = KV_DESC and BLOCK_Q > 1
+    k_src = k_cache_ptr
+    v_src = v_cache_ptr
+    if use_desc:
+        k_src, v_src = _kv_descriptors(
+            k_cache_ptr, v_cache_ptr, kv_head, num_pages, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
+            HEAD_DIM, HEAD_DIM_V, PAGE_SIZE, BLOCK_N,
+        )  # fmt: skip
     # With clamped page ids a one-token row's whole tiles need no key guard at all: they run unguarded (MASKED 2)
     # and the last, partial tile alone after them (NOTES v19).
     lean = one_token and CLAMP_PAGES
@@ -247,17 +276,19 @@ def _attend_range(
             # its tall tiles shared memory and speed; held to two stages, they still cost whole prompts 6%, NOTES v20).
             page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N)
             for start_n in tl.range(start, stop, BLOCK_N):
-                if one_token and PAGES_AHEAD:
+                if use_desc:
+                    tile_page = tl.load(bt_row_ptr + start_n // PAGE_SIZE)  # the tile's one page
+                elif one_token and PAGES_AHEAD:
                     tile_page = page
                     page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                 else:
                     tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N)
                 acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, start_n, tile_page, k_cache_ptr, v_cache_ptr, kv_head, kv_len, num_pages,
+                    acc, m_i, l_i, q, start_n, tile_page, k_src, v_src, kv_head, kv_len, num_pages,
                     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                     HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, 2 if lean and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
+                    DOT_PRECISION, 2 if lean and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES, use_desc,
                 )  # fmt: skip
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
@@ -267,9 +298,23 @@ def _attend_range(
                 v_cache_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
                 alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
-                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES,
+                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES, False,
             )  # fmt: skip
     return acc, m_i, l_i
+
+
+@triton.jit
+def _kv_descriptors(k_cache_ptr, v_cache_ptr, kv_head, num_pages, stride_k_slot, stride_k_head, stride_v_slot,
+                    stride_v_head, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                    BLOCK_N: tl.constexpr):  # fmt: skip
+    """Tensor descriptors of one KV head's K and V rows: [num_pages * PAGE_SIZE, head dim] (slots of consecutive
+    pages adjacent: the host checks stride_page == PAGE_SIZE * stride_slot, 16-byte strides and bases)."""
+    rows = num_pages * PAGE_SIZE
+    k_desc = tl.make_tensor_descriptor(k_cache_ptr + kv_head * stride_k_head, shape=[rows, HEAD_DIM],
+                                       strides=[stride_k_slot, 1], block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
+    v_desc = tl.make_tensor_descriptor(v_cache_ptr + kv_head * stride_v_head, shape=[rows, HEAD_DIM_V],
+                                       strides=[stride_v_slot, 1], block_shape=[BLOCK_N, HEAD_DIM_V])  # fmt: skip
+    return k_desc, v_desc
 
 
 @triton.jit
@@ -322,7 +367,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
     second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
     one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows),
-    and what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0).
+    what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and
+    how tall tiles read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -396,6 +442,9 @@ def select_attention_config(
     # B256x2k (+4.6%) but lost on the ragged batch (-4%) and D64 (-25%: 168 registers instead of 94), NOTES v20.
     fp8_decode = cache_dtype is not None and cache_dtype.itemsize == 1 and max_seqlen_q <= 1
     cfg.setdefault("page_guard", 2 if fp8_decode else 1)
+    # Tall tiles within one page: per-row gathers (1) or one block copy per tile through tensor descriptors (2,
+    # where the device has them): +15-23% on H200 prefill with 64- and 128-key pages (NOTES v20).
+    cfg.setdefault("kv_loads", 2)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -417,7 +466,7 @@ def _attend_block(
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, FP8_VIA_FP16: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SEQUENTIAL_MERGE: tl.constexpr,
-    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
+    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
     its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse).
@@ -500,7 +549,7 @@ def _attend_block(
                 qk_scale, softcap, window_left, alibi_slope,
                 stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, KV_DESC,
             )  # fmt: skip
             o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
@@ -514,7 +563,7 @@ def _attend_block(
             num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
             stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, KV_DESC,
         )  # fmt: skip
         out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
 
@@ -686,6 +735,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
+    KV_DESC: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr,
     FINAL_LSE: tl.constexpr,
@@ -806,7 +856,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
-                FINAL_LSE, 0, CLAMP_PAGES,
+                FINAL_LSE, 0, CLAMP_PAGES, False,
             )  # fmt: skip
             return
     _attend_block(
@@ -819,6 +869,7 @@ def _paged_attention_kernel(
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, 1, CLAMP_PAGES,
+        KV_DESC,
     )  # fmt: skip
 
 
@@ -902,13 +953,15 @@ def attention_launch_plan(
     device_index: int | None,
     interpret: bool,
     batch_invariant: bool = False,
+    kv_desc_layout: bool = True,
 ) -> LaunchPlan:
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
-    warm-up to enumerate the variants a serving configuration can reach."""
+    warm-up to enumerate the variants a serving configuration can reach. ``kv_desc_layout``: whether the caches'
+    layout admits tensor descriptors (``kv_desc_layout_ok``; the usual contiguous caches do)."""
     return _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
         cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
-        has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant,
+        has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
     )  # fmt: skip
 
 
@@ -918,7 +971,7 @@ def attention_launch_plan(
 def _cached_launch_plan(
     override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, cache_dtype, num_seqs,
     max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
-    has_rows, want_lse, device_index, interpret, batch_invariant,
+    has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
@@ -959,6 +1012,13 @@ def _cached_launch_plan(
     merge_in_kernel = split.num_splits > 1 and cfg["split_merge"] == 2
     dependent = (split.num_splits > 1 and not merge_in_kernel and cfg["reduce_launch"] == 2
                  and dependent_launch_supported(None if interpret else device_index))  # fmt: skip
+    # Block copies need a tall tile inside one page, unpadded head dims, 16-bit or wider caches of the query's
+    # dtype, and a device with tensor descriptors. (Not in batch-invariant mode: its rows must get the decode
+    # launches' arithmetic, and those gather.)
+    kv_desc = (cfg["kv_loads"] == 2 and kv_desc_layout and block_q > 1 and not batch_invariant
+               and page_size % cfg["BLOCK_N"] == 0 and head_dim == head_dim_pad
+               and head_dim_v == configs.padded_head_dim(head_dim_v) and cache_dtype == dtype
+               and tensor_descriptors_supported(None if interpret else device_index, interpret))  # fmt: skip
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
@@ -970,7 +1030,7 @@ def _cached_launch_plan(
         FP8_VIA_FP16=cache_dtype.itemsize == 1 and dtype == torch.bfloat16,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
-        DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2,
+        DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
@@ -983,6 +1043,41 @@ def _cached_launch_plan(
         options["enable_fp_fusion"] = False
     kernel_id = _KERNEL_IDS.setdefault((tuple(constexprs.items()), tuple(options.items())), len(_KERNEL_IDS))
     return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id)
+
+
+def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> bool:
+    """Whether kernels can copy tiles through tensor descriptors: the interpreter, or an NVIDIA GPU of sm_90 or newer
+    (TMA; elsewhere Triton would lower them to plain loads, no better than the gathers)."""
+    if interpret:
+        return True
+    if device_index is None or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def kv_desc_layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the caches admit a descriptor over each KV head's rows (``_kv_descriptors``): the slots of consecutive
+    pages adjacent, a contiguous head dim, 16-byte slot and head strides and base addresses, under 2^31 rows."""
+    for c in (k_cache, v_cache):
+        pages, page_size = c.shape[:2]
+        sp, ss, sh, sd = c.stride()
+        e = c.element_size()
+        if sd != 1 or (sp != page_size * ss and pages > 1) or (ss * e) % 16 or (sh * e) % 16 or c.data_ptr() % 16:
+            return False
+        if pages * page_size >= 1 << 31:
+            return False
+    return True
+
+
+def _torch_allocation(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """Descriptors built inside a kernel need scratch memory from Triton's allocator: torch's, unless the caller
+    set one."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_allocation)
 
 
 _KERNEL_IDS: dict[tuple, int] = {}
@@ -1083,6 +1178,8 @@ class PreparedLaunch:
     device_index: int | None = None  # the CUDA device launched on (None: the interpreter)
     fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
     rest: tuple | None = None  # what follows the addresses in a compiled launch (filled in by the first launch)
+    # Block copies (KV_DESC): the same call with gathers, for caches whose base address is not 16-byte aligned.
+    gathers: PreparedLaunch | None = None
 
 
 def prepare_attention_launch(
@@ -1102,9 +1199,11 @@ def prepare_attention_launch(
     lse: torch.Tensor | None,
     interpret: bool,
     batch_invariant: bool = False,
+    kv_desc_layout: bool | None = None,
 ) -> PreparedLaunch | None:
     """Plan one launch over validated arguments from their metadata alone (None: nothing to compute). ``present``:
-    whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given."""
+    whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given;
+    ``kv_desc_layout``: whether the caches admit tensor descriptors (None: ``kv_desc_layout_ok``)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]
@@ -1114,6 +1213,7 @@ def prepare_attention_launch(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
         k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
         None if interpret else q.device.index, interpret, batch_invariant,
+        kv_desc_layout_ok(k_cache, v_cache) if kv_desc_layout is None else kv_desc_layout,
     )  # fmt: skip
     plan = lp.split
     splits = plan.num_splits
@@ -1139,8 +1239,14 @@ def prepare_attention_launch(
         *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
         block_table.stride(0), plan.segment_len, splits, *final_strides,
     )  # fmt: skip
-    return PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems, merge_counts,
-                          None if interpret else q.device.index)  # fmt: skip
+    prepared = PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems,
+                              merge_counts, None if interpret else q.device.index)  # fmt: skip
+    if lp.constexprs["KV_DESC"]:
+        # A later call with the same metadata may bring caches at an address a descriptor cannot take.
+        prepared.gathers = prepare_attention_launch(q, k_cache, v_cache, block_table, num_seqs, max_seqlen_q,
+                                                    max_seqlen_k, scale, causal, window_left, softcap, present, out,
+                                                    lse, interpret, batch_invariant, False)  # fmt: skip
+    return prepared
 
 
 def run_attention_launch(
@@ -1159,6 +1265,11 @@ def run_attention_launch(
     """Launch a prepared call on tensors whose metadata is the one it was prepared from. ``optional``:
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
+    if p.gathers is not None:
+        if (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
+            p = p.gathers
+        elif p.device_index is not None:
+            _ensure_allocator()
     lp = p.plan
     # One stream query for the scratch buffers and both launches.
     stream = current_stream(p.device_index)
