@@ -400,8 +400,8 @@ def test_block_copies_through_tensor_descriptors(page_size, window_left, num_spl
 
 
 def test_block_copies_fall_back_to_gathers_off_16_byte_addresses(monkeypatch):
-    """Caches whose base address a descriptor cannot take (2 bytes past 16-byte alignment), in a first call or in a
-    repeat of an aligned call's metadata: the launch gathers instead, with the same results."""
+    """Caches whose base address a descriptor cannot take (2 bytes past 16-byte alignment), in a repeat of an aligned
+    call's metadata or in a first call: the launch gathers instead, with the same results."""
     gen = torch.Generator(device=DEVICE).manual_seed(3)
     b = random_paged_batch([20, 12], [40, 30], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
                            dtype=torch.float16, device=DEVICE, generator=gen)  # fmt: skip
@@ -411,7 +411,7 @@ def test_block_copies_fall_back_to_gathers_off_16_byte_addresses(monkeypatch):
     for offset in (0, 1):
         k = flat[offset : offset + b.k_cache.numel()].view(b.k_cache.shape)
         v = flat[offset + b.k_cache.numel() : offset + 2 * b.k_cache.numel()].view(b.k_cache.shape)
-        assert attention.kv_desc_layout_ok(k, v) == (offset == 0)
+        assert attention.kv_desc_layout_ok(k, v)  # (the layout allows descriptors: only the address does not)
         caches.append((k, v))
     launched = []
     real = attention._launch_attention
@@ -436,6 +436,12 @@ def test_block_copies_fall_back_to_gathers_off_16_byte_addresses(monkeypatch):
                 attention.PREPARED.clear()
     # Aligned: copies; the same metadata unaligned: gathers; a first call unaligned: gathers.
     assert launched == [True, False, False]
+    # Layouts a descriptor cannot take: pages not adjacent (every other slot row of a wider buffer), and slots 8
+    # bytes apart.
+    wide = torch.empty(4, 32, 2, 32, dtype=torch.float16, device=DEVICE)
+    assert not attention.kv_desc_layout_ok(wide[:, :16], wide[:, :16])
+    narrow = torch.empty(4, 16, 1, 4, dtype=torch.float16, device=DEVICE)
+    assert not attention.kv_desc_layout_ok(narrow, narrow)
     for out in outs:
         torch.testing.assert_close(out.float(), ref.float(), rtol=2e-3, atol=2e-3)
 

@@ -1056,13 +1056,14 @@ def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> b
 
 
 def kv_desc_layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the caches admit a descriptor over each KV head's rows (``_kv_descriptors``): the slots of consecutive
-    pages adjacent, a contiguous head dim, 16-byte slot and head strides and base addresses, under 2^31 rows."""
+    """Whether the caches' layout admits a descriptor over each KV head's rows (``_kv_descriptors``): the slots of
+    consecutive pages adjacent, a contiguous head dim, 16-byte slot and head strides, under 2^31 rows. (Metadata
+    only: the base addresses, which must be 16-byte aligned too, are checked per launch.)"""
     for c in (k_cache, v_cache):
         pages, page_size = c.shape[:2]
         sp, ss, sh, sd = c.stride()
         e = c.element_size()
-        if sd != 1 or (sp != page_size * ss and pages > 1) or (ss * e) % 16 or (sh * e) % 16 or c.data_ptr() % 16:
+        if sd != 1 or (sp != page_size * ss and pages > 1) or (ss * e) % 16 or (sh * e) % 16:
             return False
         if pages * page_size >= 1 << 31:
             return False
@@ -1178,7 +1179,8 @@ class PreparedLaunch:
     device_index: int | None = None  # the CUDA device launched on (None: the interpreter)
     fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
     rest: tuple | None = None  # what follows the addresses in a compiled launch (filled in by the first launch)
-    # Block copies (KV_DESC): the same call with gathers, for caches whose base address is not 16-byte aligned.
+    # Block copies (KV_DESC): the same call with gathers, for caches whose base address is not 16-byte aligned (and
+    # for traced launches).
     gathers: PreparedLaunch | None = None
 
 
@@ -1266,7 +1268,8 @@ def run_attention_launch(
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
     if p.gathers is not None:
-        if (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
+        # Traced launches (``wrap``) cannot see the addresses their kernels will get: they gather.
+        if wrap is not None or (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
             p = p.gathers
         elif p.device_index is not None:
             _ensure_allocator()
