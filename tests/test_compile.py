@@ -16,8 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-# Largest shared memory one program may use on sm_90 (227 KiB).
-SM90_SHARED_BYTES = 232448
+from .compile_sm90 import SM90_SHARED_BYTES
 
 
 def test_kernels_compile_for_sm90_within_shared_memory():
@@ -38,7 +37,9 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     for gpu, e in entries:
         plan = names[f"{gpu} {e['dtype']} D{e['head_dim']} {e['regime']}"]
         assert all(f"'{k}': {v}" in plan for k, v in e["config"].items() if k in ("BLOCK_N", "num_stages")), plan
-    # The block-copy variants were compiled with their descriptors.
+    # The block-copy variants were compiled with their descriptors; a D256 prefill tile, whose copies would not fit
+    # the shared memory, gathers.
     assert all("block_copies=True" in r["plan"] for r in results if "block copies" in r["name"])
+    assert "block_copies=False" in next(r["plan"] for r in results if r["name"] == "prefill D256 page 64 gathers")
     # The batch-invariant split comes with its sequential reduce.
     assert any(r["name"].startswith("invariant decode") and "reduce_shared" in r for r in results)

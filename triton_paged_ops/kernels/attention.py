@@ -1018,7 +1018,8 @@ def _cached_launch_plan(
     kv_desc = (cfg["kv_loads"] == 2 and kv_desc_layout and block_q > 1 and not batch_invariant
                and page_size % cfg["BLOCK_N"] == 0 and head_dim == head_dim_pad
                and head_dim_v == configs.padded_head_dim(head_dim_v) and cache_dtype == dtype
-               and tensor_descriptors_supported(None if interpret else device_index, interpret))  # fmt: skip
+               and tensor_descriptors_supported(None if interpret else device_index, interpret)
+               and (interpret or _copies_fit(cfg, head_dim, head_dim_v, dtype.itemsize, device_index)))  # fmt: skip
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
@@ -1053,6 +1054,22 @@ def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> b
     if device_index is None or torch.version.hip is not None:
         return False
     return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
+def max_shared_memory(device_index: int) -> int:
+    """Bytes of shared memory one program may use on CUDA device ``device_index``."""
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+
+
+def _copies_fit(cfg: dict, head_dim: int, head_dim_v: int, itemsize: int, device_index: int | None) -> bool:
+    """Whether the block-copy variant of a tall-tile config fits the device's shared memory. Its buffers (sm_90,
+    Triton 3.7, ptxas): a K and a V tile per pipeline stage plus the q tile, within 1 KB of this estimate for D64 to
+    D256, fp16 to fp32; the gathers' variant of the same config needs less (D256 128x64 at three stages: 263 KB
+    against the gathers' fit within 227 KB), so where the copies would not fit the launch gathers."""
+    if device_index is None:
+        return False
+    tiles = cfg["num_stages"] * cfg["BLOCK_N"] * (head_dim + head_dim_v) + cfg["BLOCK_M"] * head_dim
+    return tiles * itemsize + 4096 <= max_shared_memory(device_index)
 
 
 def kv_desc_layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
