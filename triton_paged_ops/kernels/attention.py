@@ -1056,9 +1056,10 @@ def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> b
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
+@functools.lru_cache(maxsize=16)
 def max_shared_memory(device_index: int) -> int:
-    """Bytes of shared memory one program may use on CUDA device ``device_index``."""
-    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+    """Bytes of shared memory one program may use on CUDA device ``device_index`` (the driver's opt-in limit)."""
+    return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
 
 
 def _copies_fit(cfg: dict, head_dim: int, head_dim_v: int, itemsize: int, device_index: int | None) -> bool:
