@@ -1058,8 +1058,12 @@ def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> b
 
 @functools.lru_cache(maxsize=16)
 def max_shared_memory(device_index: int) -> int:
-    """Bytes of shared memory one program may use on CUDA device ``device_index`` (the driver's opt-in limit)."""
-    return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+    """Bytes of shared memory one program may use on CUDA device ``device_index`` (the driver's opt-in limit; 0 if
+    this Triton cannot tell, so that nothing is planned on a guess)."""
+    try:
+        return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+    except (AttributeError, KeyError, TypeError, RuntimeError):
+        return 0
 
 
 def _copies_fit(cfg: dict, head_dim: int, head_dim_v: int, itemsize: int, device_index: int | None) -> bool:
