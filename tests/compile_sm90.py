@@ -137,11 +137,16 @@ def main() -> int:
     # shipped_table_variants set stays) where the copies' buffers fit its shared memory (D256 prefill tiles gather).
     attention.tensor_descriptors_supported = lambda device_index, interpret: True
     attention.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
+    with attention.attention_config_override(kv_loads=2):  # (short queries gather by default)
+        results.append(
+            attention_variant(
+                "short page 64 block copies", max_q=8, max_k=4096, page_size=64, window=1000, device_index=0
+            )
+        )
     results += [
         attention_variant(
             "prefill page 64 block copies", max_q=512, page_size=64, lse=True, sinks=True, device_index=0
         ),
-        attention_variant("short page 64 block copies", max_q=8, max_k=4096, page_size=64, window=1000, device_index=0),
         attention_variant(
             "prefill fp32 page 64 block copies", dtype=torch.float32, max_q=64, max_k=1024, page_size=64, device_index=0
         ),

@@ -443,8 +443,9 @@ def select_attention_config(
     fp8_decode = cache_dtype is not None and cache_dtype.itemsize == 1 and max_seqlen_q <= 1
     cfg.setdefault("page_guard", 2 if fp8_decode else 1)
     # Tall tiles within one page: per-row gathers (1) or one block copy per tile through tensor descriptors (2,
-    # where the device has them): +15-23% on H200 prefill with 64- and 128-key pages (NOTES v20).
-    cfg.setdefault("kv_loads", 2)
+    # where the device has them): +15-23% on H200 prefill with 64- and 128-key pages (NOTES v20). Short queries
+    # (speculative verification) keep the gathers until measured.
+    cfg.setdefault("kv_loads", 2 if max_seqlen_q > MAX_SPLIT_Q_LEN else 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
