@@ -155,6 +155,24 @@ def specs(
     )
 
 
+def poison_unowned_slots(k_cache, v_cache, block_table, seq_lens, rows=None) -> None:
+    """NaN in every cache slot that no sequence owns (past each sequence's end in its last page, spare pages), as a
+    reused pool may hold: a kernel that lets such a slot reach an output (0 * NaN in P @ V) fails its test."""
+    page_size = k_cache.shape[1]
+    owned = torch.zeros(k_cache.shape[:2], dtype=torch.bool, device=k_cache.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        row = block_table[int(rows[b]) if rows is not None else b]
+        for j in range(-(-n // page_size)):
+            owned[row[j], : min(page_size, n - j * page_size)] = True
+    for cache in (k_cache, v_cache):
+        # (fp8 tensors have no masked fill: their NaN bits, 0x7f in e4m3fn, go in through a byte view.)
+        if cache.element_size() == 1:
+            bits = cache.view(torch.uint8)
+            bits[~owned] = 0x7F
+        else:
+            cache[~owned] = float("nan")
+
+
 def build(spec: Spec, device: str | torch.device) -> Problem:
     """Materialise a drawn spec as tensors on ``device``."""
     gen = torch.Generator(device=device).manual_seed(spec.seed)
@@ -166,6 +184,7 @@ def build(spec: Spec, device: str | torch.device) -> Problem:
         pad_tokens=spec.pad_tokens, rows_dtype=spec.rows_dtype,
         cache_dtype=torch.float8_e4m3fn if spec.fp8_cache else None,
     )  # fmt: skip
+    poison_unowned_slots(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens, pb.block_table_rows)
     kwargs: dict = {"causal": spec.causal, "window_left": spec.window_left, "softcap": spec.softcap}
     if pb.block_table_rows is not None:
         kwargs["block_table_rows"] = pb.block_table_rows

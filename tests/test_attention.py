@@ -17,7 +17,7 @@ from triton_paged_ops.kernels.attention import attention_config_override, attent
 from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
-from .strategies import Spec, build, specs
+from .strategies import Spec, build, poison_unowned_slots, specs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter's bf16 tl.dot is not trustworthy, so the CPU run covers fp32/fp16 and the GPU run adds bf16.
@@ -352,17 +352,6 @@ def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_sp
     assert out[p.num_real_tokens :].isnan().all()
 
 
-def _poison_unused_slots(b) -> None:
-    """NaN in every cache slot no sequence owns (past each sequence's end, spare pages): a kernel that lets such a
-    slot reach its output (0 * NaN in P @ V) fails."""
-    owned = torch.zeros(b.k_cache.shape[:2], dtype=torch.bool, device=b.k_cache.device)
-    for row, n in zip(b.block_table, b.seq_lens.tolist()):
-        for j in range(-(-n // b.k_cache.shape[1])):
-            owned[row[j], : min(b.k_cache.shape[1], n - j * b.k_cache.shape[1])] = True
-    b.k_cache[~owned] = float("nan")
-    b.v_cache[~owned] = float("nan")
-
-
 @pytest.mark.parametrize("page_size", [16, 32])
 @pytest.mark.parametrize(("window_left", "num_splits"), [(-1, None), (24, None), (-1, 2)])
 def test_block_copies_through_tensor_descriptors(page_size, window_left, num_splits):
@@ -374,7 +363,7 @@ def test_block_copies_through_tensor_descriptors(page_size, window_left, num_spl
     b = random_paged_batch([37, 1, 20, 3], [100, 50, 20, 70], num_q_heads=8, num_kv_heads=2, head_dim=64,
                            page_size=page_size, dtype=dtype, device=DEVICE, generator=gen, spare_pages=2,
                            pad_tokens=2)  # fmt: skip
-    _poison_unused_slots(b)
+    poison_unowned_slots(b.k_cache, b.v_cache, b.block_table, b.seq_lens)
     n = int(b.cu_seqlens_q[-1])
     results = []
     for loads in (1, 2):
