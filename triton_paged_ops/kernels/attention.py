@@ -156,16 +156,14 @@ def _attend_tile(
         slot = offs_n % PAGE_SIZE
         k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
         v_row = page.to(tl.int64) * stride_v_page + slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head
-    if KV_DESC:
-        pass
-    elif MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
-        k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
-    else:
-        k = tl.load(
-            k_cache_ptr + k_row[None, :] + offs_d[:, None],
-            mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
-            other=0.0,
-        )
+        if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
+            k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
+        else:
+            k = tl.load(
+                k_cache_ptr + k_row[None, :] + offs_d[:, None],
+                mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
+                other=0.0,
+            )
     s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
     # Without a cap or ALiBi the scale is applied inside the exponent's fma (one instruction per score instead of a
     # multiply and a subtraction); it is positive there (_attend_block), so the row max scales with it exactly.
