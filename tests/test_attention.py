@@ -83,6 +83,12 @@ def run_out_variant(p, **extra):
               use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=0,
               extra_cols=0, tiles=(16, 16), seed=2)
 )  # fmt: skip
+@example(  # every logit feature on block copies (32-token pages, 16-key tiles), a decode row in the prefill launch
+    spec=Spec(q_lens=[40, 1, 17], kv_lens=[90, 33, 60], pad_tokens=2, page_size=32, num_kv_heads=2, group=2,
+              head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=20.0,
+              use_alibi=True, use_sinks=True, use_kv_scale=True, scale=0.2, strided=False, spare_pages=1,
+              extra_cols=1, tiles=(32, 16), seed=7)
+)  # fmt: skip
 def test_matches_reference(spec):
     p = build(spec, DEVICE)
     out, lse = run_out_variant(p)
