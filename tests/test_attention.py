@@ -359,14 +359,19 @@ def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_sp
 
 
 @pytest.mark.parametrize("page_size", [16, 32])
-@pytest.mark.parametrize(("window_left", "num_splits"), [(-1, None), (24, None), (-1, 2)])
-def test_block_copies_through_tensor_descriptors(page_size, window_left, num_splits):
+@pytest.mark.parametrize(
+    ("window_left", "num_splits", "q_lens"),
+    [(-1, None, [37, 1, 20, 3]), (24, None, [37, 1, 20, 3]), (-1, 2, [37, 1, 20, 3]), (-1, None, [9, 1, 4, 3])],
+    ids=["prefill", "window", "split", "short"],
+)
+def test_block_copies_through_tensor_descriptors(page_size, window_left, num_splits, q_lens):
     """``kv_loads=2``: tall tiles inside one page arrive as one tensor-descriptor copy per tile. Chunks on a prefix,
-    whole prompts and decode rows in one launch (the decode rows keep their gathers), unowned slots NaN: every row
-    matches the reference, and under the interpreter the gathers' bits."""
+    whole prompts and decode rows in one launch (the decode rows keep their gathers), short queries (which the
+    planner splits), unowned slots NaN: every row matches the reference, and under the interpreter the gathers'
+    bits."""
     gen = torch.Generator(device=DEVICE).manual_seed(page_size + window_left)
     dtype = torch.float16
-    b = random_paged_batch([37, 1, 20, 3], [100, 50, 20, 70], num_q_heads=8, num_kv_heads=2, head_dim=64,
+    b = random_paged_batch(q_lens, [100, 50, 20, 70], num_q_heads=8, num_kv_heads=2, head_dim=64,
                            page_size=page_size, dtype=dtype, device=DEVICE, generator=gen, spare_pages=2,
                            pad_tokens=2)  # fmt: skip
     poison_unowned_slots(b.k_cache, b.v_cache, b.block_table, b.seq_lens)
