@@ -107,10 +107,17 @@ def test_matches_reference(spec):
               use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
               extra_cols=0, tiles=(16, 32), seed=5, num_splits=3)
 )  # fmt: skip
+@example(  # prefill chunks whose whole tiles below the diagonal run unguarded, beside a decode row
+    spec=Spec(q_lens=[40, 1, 20], kv_lens=[120, 45, 90], pad_tokens=2, page_size=16, num_kv_heads=2, group=2,
+              head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+              use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=1,
+              extra_cols=0, tiles=(32, 16), seed=11)
+)  # fmt: skip
 def test_clamped_page_guard_changes_nothing_on_a_valid_table(spec):
     """``page_guard=2`` (bad page ids read page 0 instead of dropping their keys) builds its key mask from the key
-    index alone, and one-token rows run their whole tiles unguarded: on a valid block table every output matches
-    the reference, and under the interpreter the bits of the default guard."""
+    index alone, and whole tiles below kv_len (one-token rows' tiles, taller tiles' unmasked range) run unguarded:
+    on a valid block table every output matches the reference, and under the interpreter the bits of the default
+    guard."""
     p = build(spec, DEVICE)
     t, hq = p.q.shape[:2]
     tiles = {"BLOCK_M": spec.tiles[0], "BLOCK_N": spec.tiles[1]} if spec.tiles is not None else {}

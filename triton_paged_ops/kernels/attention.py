@@ -251,6 +251,9 @@ def _attend_range(
     # With clamped page ids a one-token row's whole tiles need no key guard at all: they run unguarded (MASKED 2)
     # and the last, partial tile alone after them (NOTES v19).
     lean = one_token and CLAMP_PAGES
+    # Taller tiles' unmasked range holds whole tiles below kv_len by construction (full_hi): with clamped page ids
+    # they need no key guard either.
+    unguarded = CLAMP_PAGES and (lean or not one_token)
     if lean:
         mid_lo, mid_hi = lo, lo + (hi - lo) // BLOCK_N * BLOCK_N
     elif one_token:
@@ -286,7 +289,7 @@ def _attend_range(
                     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                     HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, 2 if lean and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES, use_desc,
+                    DOT_PRECISION, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES, use_desc,
                 )  # fmt: skip
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
