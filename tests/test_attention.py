@@ -17,7 +17,7 @@ from triton_paged_ops.kernels.attention import attention_config_override, attent
 from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
-from .strategies import Spec, build, poison_unowned_slots, specs
+from .strategies import Spec, build, specs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter's bf16 tl.dot is not trustworthy, so the CPU run covers fp32/fp16 and the GPU run adds bf16.
@@ -376,29 +376,24 @@ def test_block_copies_through_tensor_descriptors(page_size, window_left, num_spl
     whole prompts and decode rows in one launch (the decode rows keep their gathers), short queries (which the
     planner splits), unowned slots NaN: every row matches the reference, and under the interpreter the gathers'
     bits."""
-    gen = torch.Generator(device=DEVICE).manual_seed(page_size + window_left)
     dtype = torch.float16
-    b = random_paged_batch(q_lens, [100, 50, 20, 70], num_q_heads=8, num_kv_heads=2, head_dim=64,
-                           page_size=page_size, dtype=dtype, device=DEVICE, generator=gen, spare_pages=2,
-                           pad_tokens=2)  # fmt: skip
-    poison_unowned_slots(b.k_cache, b.v_cache, b.block_table, b.seq_lens)
-    n = int(b.cu_seqlens_q[-1])
+    # (build fills the unowned slots with NaN.)
+    spec = Spec(q_lens=q_lens, kv_lens=[100, 50, 20, 70], pad_tokens=2, page_size=page_size, num_kv_heads=2,
+                group=4, head_dim=64, head_dim_v=64, dtype=dtype, causal=True, window_left=window_left, softcap=0.0,
+                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=64**-0.5, strided=False, spare_pages=2,
+                extra_cols=0, tiles=(32, 16), seed=page_size + window_left, num_splits=num_splits)  # fmt: skip
+    p = build(spec, DEVICE)
+    n = p.num_real_tokens
     results = []
     for loads in (1, 2):
-        out = torch.full((b.q.shape[0], 8, 64), float("nan"), dtype=dtype, device=DEVICE)
-        lse = torch.full((b.q.shape[0], 8), float("nan"), device=DEVICE)
+        out = torch.full((p.q.shape[0], 8, 64), float("nan"), dtype=dtype, device=DEVICE)
+        lse = torch.full((p.q.shape[0], 8), float("nan"), device=DEVICE)
         cfg = dict(BLOCK_M=32, BLOCK_N=16, kv_loads=loads, **({"num_splits": num_splits} if num_splits else {}))
         with attention_config_override(**cfg):
-            lp = attention_launch_plan(num_q_heads=8, num_kv_heads=2, head_dim=64, head_dim_v=64,
-                                       page_size=page_size, dtype=dtype, cache_dtype=dtype, num_seqs=4,
-                                       max_seqlen_q=b.max_seqlen_q, max_seqlen_k=b.max_seqlen_k, causal=True,
-                                       window_left=window_left, softcap=0.0, has_alibi=False, has_sinks=False,
-                                       has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
-                                       device_index=None if INTERPRET else 0, interpret=INTERPRET)  # fmt: skip
-            assert lp.constexprs["KV_DESC"] == (loads == 2)
-            tpa.paged_attention_out(*b.args, window_left=window_left, out=out, lse=lse)
+            assert _launch_plan(p).constexprs["KV_DESC"] == (loads == 2)
+            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
         results.append((out, lse))
-    ref_out, ref_lse = reference.paged_attention_with_lse(*b.args[:6], b.scale, window_left=window_left)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     out, lse = results[1]
     assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, n)
     assert out[n:].isnan().all()
