@@ -12,6 +12,7 @@ import torch
 from triton_paged_ops import configs
 from triton_paged_ops.__main__ import main
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, tune
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -215,18 +216,19 @@ def test_fp8_caches_have_their_own_entries(tables):
     assert block_n(None) == block_n(torch.float16) != 32
 
 
-def test_fp8_decode_clamps_page_ids_by_default():
-    """fp8-cache decode reads bad page ids from page 0 (``page_guard`` 2, measured faster); other calls drop them
-    (1), and a table entry or an override still decides."""
+def test_page_guard_defaults():
+    """fp8-cache decode and prefill launches read bad page ids from page 0 (``page_guard`` 2, measured faster);
+    16-bit decode and short queries drop them (1), and an override still decides."""
     fp8 = torch.float8_e4m3fn
+    short = MAX_SPLIT_Q_LEN
 
     def guard(cache_dtype, max_q):
         return select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)["page_guard"]
 
-    assert guard(fp8, 1) == 2
-    assert guard(None, 1) == guard(torch.float16, 1) == guard(fp8, 8) == guard(fp8, 300) == 1
+    assert guard(fp8, 1) == guard(fp8, short + 1) == guard(None, short + 1) == guard(torch.float16, 300) == 2
+    assert guard(None, 1) == guard(torch.float16, 1) == guard(fp8, 8) == guard(None, short) == 1
     with attention_config_override(page_guard=1):
-        assert guard(fp8, 1) == 1
+        assert guard(fp8, 1) == guard(None, 300) == 1
 
 
 def test_fp8_decode_candidates_include_wider_tiles():
