@@ -343,35 +343,6 @@ def test_mixed_batch_prefill_chunks_and_decodes(tiles, window_left, num_splits):
     assert out[p.num_real_tokens :].isnan().all()
 
 
-@pytest.mark.parametrize("pad_tokens", [0, 8])  # 16 and 17 query blocks
-def test_prefill_orders_cover_every_query_block(pad_tokens):
-    """``prefill_order`` 2 (query blocks alternating between the batch's two ends) maps the grid onto the same
-    programs as batch order: with an even and an odd block count, every row is written (NaN-poisoned outputs), both
-    match the reference and agree bit for bit."""
-    spec = Spec(q_lens=[45, 1, 1, 3, 1, 20, 1], kv_lens=[300, 70, 1, 50, 260, 20, 90], pad_tokens=pad_tokens,
-                page_size=16, num_kv_heads=2, group=4, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
-                window_left=-1, softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.125,
-                strided=False, spare_pages=1, extra_cols=0, tiles=None, seed=13)  # fmt: skip
-    p = build(spec, DEVICE)
-    t, hq = p.q.shape[:2]
-    got = []
-    for order in (1, 2):
-        out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
-        lse = torch.full((t, hq), float("nan"), device=p.q.device)
-        with attention_config_override(BLOCK_M=32, BLOCK_N=16, prefill_order=order):
-            lp = _launch_plan(p)
-            assert lp.constexprs["PREFILL_ORDER"] == order and lp.block_q == 8
-            assert t // lp.block_q + len(spec.q_lens) == 16 + pad_tokens // 8  # the launch's query blocks
-            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
-        got.append((out, lse))
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
-    n = p.num_real_tokens
-    for out, lse in got:
-        assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
-        assert out[n:].isnan().all()
-    assert torch.equal(got[0][0][:n], got[1][0][:n]) and torch.equal(got[0][1][:n], got[1][1][:n])
-
-
 @pytest.mark.parametrize("num_splits", [None, 3])
 def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_splits):
     """``small_block_n``: one-token rows of a mixed launch take a KV tile wider than the tall tiles' when no

@@ -217,16 +217,16 @@ def test_fp8_caches_have_their_own_entries(tables):
 
 
 def test_page_guard_defaults():
-    """fp8-cache decode and prefill launches read bad page ids from page 0 (``page_guard`` 2, measured faster);
-    16-bit decode and short queries drop them (1), and an override still decides."""
+    """Every launch but 16-bit decode reads bad page ids from page 0 (``page_guard`` 2, measured faster: fp8 decode,
+    short queries, prefill); 16-bit decode drops them (1), and an override still decides."""
     fp8 = torch.float8_e4m3fn
-    short = MAX_SPLIT_Q_LEN
 
     def guard(cache_dtype, max_q):
         return select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)["page_guard"]
 
-    assert guard(fp8, 1) == guard(fp8, short + 1) == guard(None, short + 1) == guard(torch.float16, 300) == 2
-    assert guard(None, 1) == guard(torch.float16, 1) == guard(fp8, 8) == guard(None, short) == 1
+    assert guard(fp8, 1) == guard(fp8, 8) == guard(None, 2) == guard(None, MAX_SPLIT_Q_LEN + 1) == 2
+    assert guard(torch.float16, 300) == 2
+    assert guard(None, 1) == guard(torch.float16, 1) == 1
     with attention_config_override(page_guard=1):
         assert guard(fp8, 1) == guard(None, 300) == 1
 

@@ -40,10 +40,7 @@ INVARIANT_KEYS = ("invariant_segment",)
 # Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
 # 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest; 4 like 3,
 # but each sequence's segments take the last of the segment groups (long sequences' work first, last pieces last).
-# Dispatch order of query blocks in launches of taller tiles: 1 batch order (each sequence's blocks with the most
-# keys first), 2 alternating ends of the batch (the first sequences' blocks interleaved with the last ones', so a
-# mixed batch's one-token rows stream their keys while its prefill chunks compute).
-ORDER_KEYS = ("decode_order", "prefill_order")
+ORDER_KEYS = ("decode_order",)
 # Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile; whether that
 # second kernel is a plain launch (1) or a programmatic dependent one (2, default where the device has it).
 MERGE_KEYS = ("split_merge", "reduce_launch")
@@ -119,7 +116,7 @@ def validate_config(cfg: object) -> str | None:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads", "prefill_order"):
+    for key in ("page_guard", "kv_loads"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     return None

@@ -153,9 +153,14 @@ def _attend_tile(
         k = tl.trans(k_cache_ptr.load([desc_row, 0]))
     else:
         # int64: page * stride overflows int32 for caches past 2 G elements.
-        slot = offs_n % PAGE_SIZE
-        k_row = page.to(tl.int64) * stride_k_page + slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head
-        v_row = page.to(tl.int64) * stride_v_page + slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head
+        if BLOCK_N % PAGE_SIZE == 0:  # noqa: SIM108 (a compile-time choice; kept as a block for its comment)
+            # Tiles start at multiples of BLOCK_N (_attend_range): a key's slot is fixed by its place in the tile,
+            # so its offset is loop-invariant instead of per-key int64 arithmetic in every tile.
+            slot = tl.arange(0, BLOCK_N) % PAGE_SIZE
+        else:
+            slot = offs_n % PAGE_SIZE
+        k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
+        v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
         if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
             k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
         else:
@@ -364,8 +369,7 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     that would leave SMs idle) or a fixed split count (``num_splits``), the batch-invariant segment
     (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
     outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like 3 with each sequence's segments
-    in the last groups), the order of taller tiles' query blocks (``prefill_order``: 1 batch order, 2 alternating
-    between the batch's two ends) and who merges split-KV partials
+    in the last groups) and who merges split-KV partials
     (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
     second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
     one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows),
@@ -434,19 +438,17 @@ def select_attention_config(
     # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14). Order 4 adds the
     # longest-work-first segment order: +2.7% on a ragged batch, the same elsewhere (NOTES v16).
     cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 4)
-    cfg.setdefault("prefill_order", 1)
     # Split-KV partials merged by a second kernel (1) or by the last segment program of each tile (2): on the H200
     # the in-kernel merge gained nothing in the default mode and lost on B1x32k (32 arrivals per tile; NOTES v14).
     cfg.setdefault("split_merge", 1)
     # The reduce kernel as a plain launch (1) or a programmatic dependent one (2) where the device has it.
     cfg.setdefault("reduce_launch", 2)
     # Keys whose page id is outside the cache: dropped (1) or read from page 0 (2; a cheaper key mask, and whole
-    # tiles below the sequence length unguarded). On the H200, 2 made fp8-cache decode 16% faster and bf16 prefill
-    # 6-24% (page 16: 1x8k 1924 -> 1574 µs, the mixed batch 1016 -> 825); bf16 decode won on B256x2k (+4.6%) but
-    # lost on the ragged batch (-4%) and D64 (-25%: 168 registers instead of 94), NOTES v20/v21. Short queries keep
-    # 1 until measured.
-    fp8_decode = cache_dtype is not None and cache_dtype.itemsize == 1 and max_seqlen_q <= 1
-    cfg.setdefault("page_guard", 2 if fp8_decode or max_seqlen_q > MAX_SPLIT_Q_LEN else 1)
+    # tiles below the sequence length unguarded). On the H200, 2 made fp8-cache decode 16% faster, short queries
+    # 18-23% and bf16 prefill 6-24% (page 16: 1x8k 1924 -> 1574 µs, the mixed batch 1016 -> 825); 16-bit decode won
+    # on B256x2k (+4.6%) but lost on the ragged batch (-4%) and D64 (-25%: 168 registers instead of 94), NOTES v21.
+    bf16_decode = max_seqlen_q <= 1 and (cache_dtype is None or cache_dtype.itemsize > 1)
+    cfg.setdefault("page_guard", 1 if bf16_decode else 2)
     # Tall tiles within one page: per-row gathers (1) or one block copy per tile through tensor descriptors (2,
     # where the device has them): +15-23% on H200 prefill with 64- and 128-key pages (NOTES v20). Short queries
     # (speculative verification) keep the gathers until measured.
@@ -740,7 +742,6 @@ def _paged_attention_kernel(
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
-    PREFILL_ORDER: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
     KV_DESC: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
@@ -784,12 +785,6 @@ def _paged_attention_kernel(
         linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         block_id = linear // tl.num_programs(1)
         kv_head = linear % tl.num_programs(1)
-        if PREFILL_ORDER == 2:
-            # Alternate between the two ends of the block range (a bijection for any count): a mixed batch's
-            # one-token rows (at one end) then run beside its prefill chunks' blocks (at the other) instead of all
-            # at once after them, reading their keys while the chunks keep the tensor cores busy.
-            half = block_id // 2
-            block_id = tl.where(block_id % 2 == 0, half, tl.num_programs(0) - 1 - half)
 
     if ONE_BLOCK_PER_SEQ:
         # Every sequence fits one query block (decode): block b is sequence b, no search needed.
@@ -1045,8 +1040,6 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
-        # (Only the unsplit taller-tile launches read it: no extra variants elsewhere.)
-        PREFILL_ORDER=cfg["prefill_order"] if not one_block and split.num_splits == 1 else 1,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
