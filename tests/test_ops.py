@@ -199,9 +199,12 @@ def test_cuda_graph_replay_matches_eager_with_new_lengths():
         p.seq_lens.copy_(torch.randint(1, max_k + 1, (8,), generator=gen, device=DEVICE, dtype=torch.int32))
         p.seq_lens[7] = 1  # a padded-style entry
         p.q.copy_(torch.randn(p.q.shape, generator=gen, device=DEVICE))
+        # New keys and values everywhere: the longer sequences now own slots that build() filled with NaN.
         p.k_cache.copy_(torch.randn(p.k_cache.shape, generator=gen, device=DEVICE))
+        p.v_cache.copy_(torch.randn(p.v_cache.shape, generator=gen, device=DEVICE))
         graph.replay()
         replayed = (out.clone(), lse.clone())
+        assert replayed[0].isfinite().all() and replayed[1].isfinite().all()
         run()
         assert torch.equal(replayed[0], out) and torch.equal(replayed[1], lse)
 
