@@ -47,8 +47,9 @@ MERGE_KEYS = ("split_merge", "reduce_launch")
 # KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default: the
 # decode tile's width, at most the launch's own BLOCK_N).
 SMALL_KEYS = ("small_block_n",)
-# A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (default),
-# 2 read from page 0 (its key mask then depends on the key index alone, and decode rows run whole tiles unguarded).
+# A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (the default
+# for 16-bit decode), 2 read from page 0 (the default elsewhere: the key mask then depends on the key index alone,
+# and whole tiles below the sequence length run unguarded).
 GUARD_KEYS = ("page_guard",)
 # How tall tiles read K/V when one page holds whole KV tiles: 1 per-row gathers through the block table, 2 one
 # tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).

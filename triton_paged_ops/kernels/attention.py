@@ -153,10 +153,14 @@ def _attend_tile(
         k = tl.trans(k_cache_ptr.load([desc_row, 0]))
     else:
         # int64: page * stride overflows int32 for caches past 2 G elements.
-        if BLOCK_N % PAGE_SIZE == 0:  # noqa: SIM108 (a compile-time choice; kept as a block for its comment)
-            # Tiles start at multiples of BLOCK_N (_attend_range): a key's slot is fixed by its place in the tile,
-            # so its offset is loop-invariant instead of per-key int64 arithmetic in every tile.
+        # Tiles start at multiples of BLOCK_N (_attend_range): where pages divide the tile a key's slot is fixed by
+        # its place in the tile, and where the tile lies in one page (``page`` then is one id) it is the tile's
+        # offset in the page plus its place, so the per-key part of the offset is loop-invariant instead of int64
+        # arithmetic in every tile.
+        if BLOCK_N % PAGE_SIZE == 0:
             slot = tl.arange(0, BLOCK_N) % PAGE_SIZE
+        elif PAGE_SIZE % BLOCK_N == 0:
+            slot = start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)
         else:
             slot = offs_n % PAGE_SIZE
         k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
@@ -282,9 +286,7 @@ def _attend_range(
             # its tall tiles shared memory and speed; held to two stages, they still cost whole prompts 6%, NOTES v20).
             page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N)
             for start_n in tl.range(start, stop, BLOCK_N):
-                if use_desc:
-                    tile_page = tl.load(bt_row_ptr + start_n // PAGE_SIZE)  # the tile's one page
-                elif one_token and PAGES_AHEAD:
+                if one_token and PAGES_AHEAD:
                     tile_page = page
                     page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                 else:
@@ -325,9 +327,16 @@ def _kv_descriptors(k_cache_ptr, v_cache_ptr, kv_head, num_pages, stride_k_slot,
 
 @triton.jit
 def _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Page ids of the keys [start_n, start_n + BLOCK_N) of a sequence (0 past ``kv_len``: never read)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    return tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=offs_n < kv_len, other=0)
+    """Page ids of the keys [start_n, start_n + BLOCK_N) of a sequence (0 past ``kv_len``: never read); one id
+    where the tile lies in one page (tiles start at multiples of BLOCK_N)."""
+    if PAGE_SIZE % BLOCK_N == 0:
+        # A scalar id: the tile's addresses are then one base plus loop-invariant offsets (a vector of equal ids
+        # kept a 64-bit address per key live, and the D128 prefill loop spilled at page 64).
+        pages = tl.load(bt_row_ptr + start_n // PAGE_SIZE, mask=start_n < kv_len, other=0)
+    else:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        pages = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=offs_n < kv_len, other=0)
+    return pages
 
 
 @triton.jit
