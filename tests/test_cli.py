@@ -101,6 +101,18 @@ def test_benchmark_inputs_match_the_reference():
         assert check_case(inp, batch_invariant=True) < 2e-3
 
 
+def test_short_suite_cases_are_short_queries():
+    """The short suite's cases lie in the short-query regime (more than one and at most MAX_SPLIT_Q_LEN new tokens,
+    each within its sequence)."""
+    from triton_paged_ops.bench import SUITES
+    from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
+
+    cases = SUITES["short"]()
+    assert cases and len({c.name for c in cases}) == len(cases)
+    for c in cases:
+        assert all(1 < q <= min(k, MAX_SPLIT_Q_LEN) for q, k in zip(c.queries(), c.kv_lens)), c.name
+
+
 def test_prefill_suite_cases_and_causal_flops():
     """Prefill cases follow the suite's definition (new tokens fit their keys; the mixed batch is its two parts),
     and the FLOP count is the causal mask's visible pairs, counted here from an explicit mask."""

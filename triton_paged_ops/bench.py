@@ -115,7 +115,17 @@ def prefill_cases() -> list[Case]:
     ]
 
 
-SUITES = {"decode": decode_cases, "prefill": prefill_cases}
+def short_cases() -> list[Case]:
+    """A few new tokens per sequence on long contexts (speculative verification: the short-query regime)."""
+    return [
+        Case("short B32x4k q4", [4096] * 32, q_len=4),
+        Case("short B64x2k q8", [2048] * 64, q_len=8),
+        Case("short B8x8k q16", [8192] * 8, q_len=16),
+        Case("short B64x4k q4 page64", [4096] * 64, q_len=4, page_size=64),
+    ]
+
+
+SUITES = {"decode": decode_cases, "prefill": prefill_cases, "short": short_cases}
 
 
 def hbm_ceilings(gib: float = 2.0) -> dict[str, float]:
@@ -408,8 +418,9 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> 
     """The benchmark's command-line flags (shared by ``python -m triton_paged_ops bench`` and
     ``python -m benchmarks.decode`` / ``benchmarks.prefill``)."""
     p.add_argument("--suite", choices=sorted(SUITES), default="decode",
-                   help="decode (one new token per sequence) or prefill (causal prefill, chunked prefill on a "
-                   "prefix, a mixed batch and its parts) (default decode)")  # fmt: skip
+                   help="decode (one new token per sequence), short (4-16 new tokens per sequence on long "
+                   "contexts: speculative verification) or prefill (causal prefill, chunked prefill on a prefix, a "
+                   "mixed batch and its parts) (default decode)")  # fmt: skip
     p.add_argument("--out", default=out_default, help=f"JSON file to write (default: {out_default or 'none'})")
     p.add_argument("--png", default=png_default, help=f"bar chart to write (default: {png_default or 'none'})")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
