@@ -459,8 +459,9 @@ def select_attention_config(
     bf16_decode = max_seqlen_q <= 1 and (cache_dtype is None or cache_dtype.itemsize > 1)
     cfg.setdefault("page_guard", 1 if bf16_decode else 2)
     # Tall tiles within one page: per-row gathers (1) or one block copy per tile through tensor descriptors (2,
-    # where the device has them): +15-23% on H200 prefill with 64- and 128-key pages (NOTES v20). Short queries
-    # (speculative verification) keep the gathers until measured.
+    # where the device has them): on H200 prefill with 64- and 128-key pages +15-23% against key-guarded gathers
+    # (NOTES v20), 0-4% once the gathers ran unguarded (NOTES v21). Short queries (speculative verification) keep
+    # the gathers until measured.
     cfg.setdefault("kv_loads", 2 if max_seqlen_q > MAX_SPLIT_Q_LEN else 1)
     if _config_override:
         cfg.update(_config_override)
