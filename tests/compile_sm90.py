@@ -133,27 +133,19 @@ def main() -> int:
     results.append({"name": "reshape_and_cache fp8", "shared": _compile(
         cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, {"num_warps": 4})})  # fmt: skip
     results += shipped_table_variants(configs.SHIPPED_DIR / "nvidia_h200.json")
-    # Tall tiles inside one page copy K/V through tensor descriptors on an sm_90 device (TMA; the H200 identity that
-    # shipped_table_variants set stays) where the copies' buffers fit its shared memory (D256 prefill tiles gather).
+    # Asked for (``kv_loads`` 2; gathers are the default), tall tiles inside one page copy K/V through tensor
+    # descriptors on an sm_90 device (TMA; the H200 identity that shipped_table_variants set stays) where the copies'
+    # buffers fit its shared memory (D256 prefill tiles gather).
     attention.tensor_descriptors_supported = lambda device_index, interpret: True
     attention.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
-    with attention.attention_config_override(kv_loads=2):  # (short queries gather by default)
-        results.append(
-            attention_variant(
-                "short page 64 block copies", max_q=8, max_k=4096, page_size=64, window=1000, device_index=0
-            )
-        )
-    results += [
-        attention_variant(
-            "prefill page 64 block copies", max_q=512, page_size=64, lse=True, sinks=True, device_index=0
-        ),
-        attention_variant(
-            "prefill fp32 page 64 block copies", dtype=torch.float32, max_q=64, max_k=1024, page_size=64, device_index=0
-        ),
-        attention_variant(
-            "prefill D256 page 64 gathers", head_dim=256, max_q=2048, max_k=2048, page_size=64, device_index=0
-        ),
-    ]
+    copies = {
+        "short page 64 block copies": dict(max_q=8, max_k=4096, window=1000),
+        "prefill page 64 block copies": dict(max_q=512, lse=True, sinks=True),
+        "prefill fp32 page 64 block copies": dict(dtype=torch.float32, max_q=64, max_k=1024),
+        "prefill D256 page 64 gathers": dict(head_dim=256, max_q=2048, max_k=2048),
+    }
+    with attention.attention_config_override(kv_loads=2):
+        results += [attention_variant(name, page_size=64, device_index=0, **kw) for name, kw in copies.items()]
     json.dump(results, sys.stdout)
     return 0
 

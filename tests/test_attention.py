@@ -462,3 +462,55 @@ def test_matches_reference_large_bf16(spec):
 def test_interpreter_is_on_without_gpu():
     """Guards the CI set-up: without a GPU the suite must be testing kernels (interpreter), not the reference."""
     assert INTERPRET or torch.cuda.is_available()
+
+
+def test_narrow_offsets_only_where_every_cache_element_fits_31_bits():
+    """K/V offsets are 32-bit (``kv_offsets`` 2) only while each cache's last element lies below 2^31 elements from
+    its base; a larger K or V cache gets 64-bit offsets (metadata only: meta tensors hold no memory)."""
+    fits = torch.empty(1 << 17, 16, 8, 128, device="meta")  # last element at 2^31 - 1
+    past = torch.empty((1 << 17) + 1, 16, 8, 128, device="meta")
+    assert attention.narrow_offsets_ok(fits, fits)
+    assert not attention.narrow_offsets_ok(past, fits) and not attention.narrow_offsets_ok(fits, past)
+    # A view's strides count, not its element count: every other page of the larger cache reaches past 2^31.
+    assert past[::2].numel() < fits.numel() and not attention.narrow_offsets_ok(past[::2], past[::2])
+    spec = Spec(q_lens=[1], kv_lens=[40], pad_tokens=0, page_size=16, num_kv_heads=2, group=2, head_dim=32,
+                head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0, use_alibi=False,
+                use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=0, extra_cols=0,
+                tiles=None, seed=0)  # fmt: skip
+    p = build(spec, DEVICE)
+    fixed = dict(
+        num_q_heads=4, num_kv_heads=2, head_dim=32, head_dim_v=32, page_size=16, dtype=torch.float16,
+        cache_dtype=torch.float16, num_seqs=1, max_seqlen_q=1, max_seqlen_k=40, causal=True, window_left=-1,
+        softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False, has_v_scale=False, has_rows=False,
+        want_lse=False, device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
+    )  # fmt: skip
+    assert attention.narrow_offsets_ok(p.k_cache, p.v_cache)
+    assert attention_launch_plan(**fixed).constexprs["NARROW_OFFSETS"]
+    assert not attention_launch_plan(**fixed, narrow_offsets=False).constexprs["NARROW_OFFSETS"]
+    with attention_config_override(kv_offsets=1):
+        assert not attention_launch_plan(**fixed).constexprs["NARROW_OFFSETS"]
+
+
+@pytest.mark.parametrize("guard", [1, 2])
+def test_wide_and_narrow_offsets_give_the_same_bits(guard):
+    """The offset width changes addresses only: 64-bit offsets (``kv_offsets`` 1, what caches past 2^31 elements
+    get) and 32-bit ones give bitwise the same outputs on a mixed batch with split decode rows and prefill chunks
+    over strided caches and spare pages, both close to the reference."""
+    spec = Spec(q_lens=[1, 30, 1], kv_lens=[200, 90, 33], pad_tokens=1, page_size=16, num_kv_heads=2, group=2,
+                head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=True, spare_pages=3,
+                extra_cols=1, tiles=(32, 16), seed=3, num_splits=2)  # fmt: skip
+    p = build(spec, DEVICE)
+    t, hq = p.q.shape[:2]
+    got = []
+    for width in (1, 2):
+        out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
+        lse = torch.full((t, hq), float("nan"), device=p.q.device)
+        with attention_config_override(BLOCK_M=32, BLOCK_N=16, num_splits=2, page_guard=guard, kv_offsets=width):
+            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
+        got.append((out, lse))
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    for out, lse in got:
+        assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
+    assert torch.equal(got[0][0][:n], got[1][0][:n]) and torch.equal(got[0][1][:n], got[1][1][:n])

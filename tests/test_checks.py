@@ -214,15 +214,17 @@ class TestDebugMode:
         assert out.shape == (5, 8, 64)
 
 
+@pytest.mark.parametrize("bad_id", [10_000_000, -3])
 @pytest.mark.parametrize("block_n", [None, 16], ids=["tile-of-pages", "tile-in-a-page"])
 @pytest.mark.parametrize("guard", [1, 2])
-def test_out_of_range_page_ids_do_not_fault_without_debug(guard, block_n):
-    """Without debug mode a bad page id must not read out of bounds: its keys are dropped (``page_guard`` 1, the
-    16-bit decode default) or read from page 0 (``page_guard`` 2); the other sequences are untouched. Both with
-    tiles spanning pages (one page id per key) and with tiles inside one page (one id per tile)."""
+def test_out_of_range_page_ids_do_not_fault_without_debug(guard, block_n, bad_id):
+    """Without debug mode a bad page id (past the cache or negative) must not read out of bounds: its keys are
+    dropped (``page_guard`` 1, the 16-bit decode default) or read from page 0 (``page_guard`` 2); the other
+    sequences are untouched. Both with tiles spanning pages (one page id per key) and with tiles inside one page
+    (one id per tile)."""
     args = good_args()
     good_table = args["block_table"].clone()
-    args["block_table"][0, 1] = 10_000_000  # keys 16..19 of sequence 0 (its 4 queries sit at positions 16..19)
+    args["block_table"][0, 1] = bad_id  # keys 16..19 of sequence 0 (its 4 queries sit at positions 16..19)
     with attention_config_override(page_guard=guard, **({"BLOCK_N": block_n} if block_n else {})):
         out = call(args)
     q, k, v = args["q"], args["k_cache"], args["v_cache"]

@@ -51,9 +51,11 @@ SMALL_KEYS = ("small_block_n",)
 # for 16-bit decode), 2 read from page 0 (the default elsewhere: the key mask then depends on the key index alone,
 # and whole tiles below the sequence length run unguarded).
 GUARD_KEYS = ("page_guard",)
-# How tall tiles read K/V when one page holds whole KV tiles: 1 per-row gathers through the block table, 2 one
-# tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).
-LOAD_KEYS = ("kv_loads",)
+# How tall tiles read K/V when one page holds whole KV tiles: 1 per-row gathers through the block table (default),
+# 2 one tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).
+# The width of the gathers' K/V offsets: 1 64-bit always, 2 32-bit where every element of both caches lies below
+# 2^31 (default).
+LOAD_KEYS = ("kv_loads", "kv_offsets")
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -117,7 +119,7 @@ def validate_config(cfg: object) -> str | None:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads"):
+    for key in ("page_guard", "kv_loads", "kv_offsets"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     return None

@@ -122,6 +122,7 @@ def _attend_tile(
     DOT_PRECISION: tl.constexpr,
     MASKED: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
+    NARROW_OFFSETS: tl.constexpr,
     KV_DESC: tl.constexpr,
 ):
     """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step.
@@ -142,7 +143,8 @@ def _attend_tile(
     # with CLAMP_PAGES read page 0 instead: the key mask then depends on the key index alone, and no tile converts
     # it from the page ids' register layout to the K and score layouts through shared memory (NOTES v19).
     if CLAMP_PAGES:
-        page = tl.where((page >= 0) & (page < num_pages), page, 0)
+        # (One unsigned compare: a negative id reads as a huge one.)
+        page = tl.where(page.to(tl.uint32, bitcast=True) < num_pages, page, 0)
     else:
         key_valid = key_valid & (page >= 0) & (page < num_pages)
     if KV_DESC:
@@ -152,19 +154,24 @@ def _attend_tile(
         desc_row = tl.where(page_ok, page * PAGE_SIZE + start_n % PAGE_SIZE, num_pages * PAGE_SIZE)
         k = tl.trans(k_cache_ptr.load([desc_row, 0]))
     else:
-        # int64: page * stride overflows int32 for caches past 2 G elements.
         # Tiles start at multiples of BLOCK_N (_attend_range): where pages divide the tile a key's slot is fixed by
         # its place in the tile, and where the tile lies in one page (``page`` then is one id) it is the tile's
-        # offset in the page plus its place, so the per-key part of the offset is loop-invariant instead of int64
-        # arithmetic in every tile.
+        # offset in the page plus its place, so the per-key part of the offset is loop-invariant.
         if BLOCK_N % PAGE_SIZE == 0:
             slot = tl.arange(0, BLOCK_N) % PAGE_SIZE
         elif PAGE_SIZE % BLOCK_N == 0:
             slot = start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)
         else:
             slot = offs_n % PAGE_SIZE
-        k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
-        v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+        if NARROW_OFFSETS:
+            # Every element of the caches lies below 2^31 (the host checks), and so does any clamped or in-range
+            # page's offset: 32-bit arithmetic, about 9% fewer instructions per page-16 prefill tile than 64-bit.
+            k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
+            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
+        else:
+            # int64: page * stride overflows int32 for caches past 2 G elements.
+            k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
+            v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
         if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
             k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
         else:
@@ -240,7 +247,7 @@ def _attend_range(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, KV_DESC: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
     [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after.
@@ -296,7 +303,8 @@ def _attend_range(
                     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                     HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES, use_desc,
+                    DOT_PRECISION, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
+                    NARROW_OFFSETS, use_desc,
                 )  # fmt: skip
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
@@ -306,7 +314,7 @@ def _attend_range(
                 v_cache_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
                 alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
-                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES, False,
+                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
             )  # fmt: skip
     return acc, m_i, l_i
 
@@ -459,10 +467,12 @@ def select_attention_config(
     bf16_decode = max_seqlen_q <= 1 and (cache_dtype is None or cache_dtype.itemsize > 1)
     cfg.setdefault("page_guard", 1 if bf16_decode else 2)
     # Tall tiles within one page: per-row gathers (1) or one block copy per tile through tensor descriptors (2,
-    # where the device has them): on H200 prefill with 64- and 128-key pages +15-23% against key-guarded gathers
-    # (NOTES v20), 0-4% once the gathers ran unguarded (NOTES v21). Short queries (speculative verification) keep
-    # the gathers until measured.
-    cfg.setdefault("kv_loads", 2 if max_seqlen_q > MAX_SPLIT_Q_LEN else 1)
+    # where the device has them). Copies won 15-23% on H200 prefill against key-guarded gathers (NOTES v20); once the
+    # gathers ran unguarded and took one page id per tile, the gathers won everywhere measured: prefill pages of 64
+    # and 128 keys 12-15%, the mixed batch 8%, short queries on 64-key pages 3% (NOTES v22).
+    cfg.setdefault("kv_loads", 1)
+    # 32-bit K/V offsets where the caches allow them (2): ~9% fewer instructions per page-16 prefill tile (NOTES v22).
+    cfg.setdefault("kv_offsets", 2)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -484,7 +494,8 @@ def _attend_block(
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, FP8_VIA_FP16: tl.constexpr,
     DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SEQUENTIAL_MERGE: tl.constexpr,
-    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, KV_DESC: tl.constexpr,
+    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
+    NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
     its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse).
@@ -567,7 +578,8 @@ def _attend_block(
                 qk_scale, softcap, window_left, alibi_slope,
                 stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, KV_DESC,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+                KV_DESC,
             )  # fmt: skip
             o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
@@ -581,7 +593,8 @@ def _attend_block(
             num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
             stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, KV_DESC,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+            KV_DESC,
         )  # fmt: skip
         out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
 
@@ -753,6 +766,7 @@ def _paged_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
+    NARROW_OFFSETS: tl.constexpr,
     KV_DESC: tl.constexpr,
     MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr,
@@ -874,7 +888,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
-                FINAL_LSE, 0, CLAMP_PAGES, False,
+                FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
             )  # fmt: skip
             return
     _attend_block(
@@ -887,7 +901,7 @@ def _paged_attention_kernel(
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, 1, CLAMP_PAGES,
-        KV_DESC,
+        NARROW_OFFSETS, KV_DESC,
     )  # fmt: skip
 
 
@@ -972,14 +986,17 @@ def attention_launch_plan(
     interpret: bool,
     batch_invariant: bool = False,
     kv_desc_layout: bool = True,
+    narrow_offsets: bool = True,
 ) -> LaunchPlan:
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
     warm-up to enumerate the variants a serving configuration can reach. ``kv_desc_layout``: whether the caches'
-    layout admits tensor descriptors (``kv_desc_layout_ok``; the usual contiguous caches do)."""
+    layout admits tensor descriptors (``kv_desc_layout_ok``; the usual contiguous caches do); ``narrow_offsets``:
+    whether every element of the caches lies below 2^31 (``narrow_offsets_ok``)."""
     return _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
         cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
         has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
+        narrow_offsets,
     )  # fmt: skip
 
 
@@ -989,7 +1006,7 @@ def attention_launch_plan(
 def _cached_launch_plan(
     override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, cache_dtype, num_seqs,
     max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
-    has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
+    has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout, narrow_offsets,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
@@ -1050,6 +1067,7 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
+        NARROW_OFFSETS=narrow_offsets and cfg["kv_offsets"] == 2,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
@@ -1093,6 +1111,12 @@ def _copies_fit(cfg: dict, head_dim: int, head_dim_v: int, itemsize: int, device
         return False
     tiles = cfg["num_stages"] * cfg["BLOCK_N"] * (head_dim + head_dim_v) + cfg["BLOCK_M"] * head_dim
     return tiles * itemsize + 4096 <= max_shared_memory(device_index)
+
+
+def narrow_offsets_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether every element of both caches lies below 2^31 elements from its base (checked strides are
+    non-negative), so that in-range K/V offsets fit 32 bits."""
+    return all(sum((n - 1) * st for n, st in zip(c.shape, c.stride())) < 1 << 31 for c in (k_cache, v_cache))
 
 
 def kv_desc_layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -1242,10 +1266,12 @@ def prepare_attention_launch(
     interpret: bool,
     batch_invariant: bool = False,
     kv_desc_layout: bool | None = None,
+    narrow_offsets: bool | None = None,
 ) -> PreparedLaunch | None:
     """Plan one launch over validated arguments from their metadata alone (None: nothing to compute). ``present``:
     whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given;
-    ``kv_desc_layout``: whether the caches admit tensor descriptors (None: ``kv_desc_layout_ok``)."""
+    ``kv_desc_layout``: whether the caches admit tensor descriptors (None: ``kv_desc_layout_ok``);
+    ``narrow_offsets``: whether their elements lie below 2^31 (None: ``narrow_offsets_ok``)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]
@@ -1256,6 +1282,7 @@ def prepare_attention_launch(
         k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
         None if interpret else q.device.index, interpret, batch_invariant,
         kv_desc_layout_ok(k_cache, v_cache) if kv_desc_layout is None else kv_desc_layout,
+        narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets,
     )  # fmt: skip
     plan = lp.split
     splits = plan.num_splits
