@@ -8,7 +8,8 @@ reachable set is enumerated from the launch planner itself (``attention_launch_p
 context bound up to the limits, and each distinct variant is run once on tiny tensors.
 
 Assumes serving passes tensors in the usual layouts (``q``/``out`` contiguous ``[T, H, D]``, caches
-``[pages, page_size, Hkv, D]`` contiguous); other layouts are separate variants.
+``[pages, page_size, Hkv, D]`` contiguous) and caches of fewer than 2^31 elements each (K/V offsets in 32 bits);
+other layouts and larger caches are separate variants.
 """
 
 from __future__ import annotations
