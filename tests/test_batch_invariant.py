@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -146,8 +147,8 @@ def test_rows_bitwise_invariant(case):
 
 
 def test_invariant_plan_fixes_tile_width_and_segments():
-    """Across regimes and batch sizes the mode keeps one KV tile (width, height, warps) and segment length; decode
-    still splits."""
+    """Across regimes and batch sizes the mode keeps one KV tile (width, height, warps), segment length and leaves
+    per segment; decode still splits, by segment or (grids short of the SMs) by leaf."""
     fixed = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=16, dtype=torch.bfloat16,
                  cache_dtype=torch.bfloat16, causal=True, window_left=-1, softcap=0.0, has_alibi=False,
                  has_sinks=False, has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=False,
@@ -155,7 +156,14 @@ def test_invariant_plan_fixes_tile_width_and_segments():
     plans = [attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, batch_invariant=True, **fixed)
              for b in (1, 8, 256) for q in (1, 8, 2048) for k in (4096, 32768) if k >= q]  # fmt: skip
     assert len({lp.config["BLOCK_N"] for lp in plans}) == 1
-    assert len({lp.split.segment_len for lp in plans}) == 1
+    assert len({(lp.config["invariant_segment"], lp.config["invariant_leaves"]) for lp in plans}) == 1
+    segment, leaves = plans[0].config["invariant_segment"], plans[0].config["invariant_leaves"]
+    assert leaves > 1 and {lp.split.segment_len for lp in plans} == {segment, segment // leaves}
+    # One sequence, 4 segments x 8 KV heads = 32 programs: 128 leaf programs instead; 256 sequences: segments.
+    by_leaf = attention_launch_plan(num_seqs=1, max_seqlen_q=1, max_seqlen_k=4096, batch_invariant=True, **fixed)
+    assert by_leaf.split.segment_len == segment // leaves and by_leaf.constexprs["LEAVES"] == 1
+    by_segment = attention_launch_plan(num_seqs=256, max_seqlen_q=1, max_seqlen_k=4096, batch_invariant=True, **fixed)
+    assert by_segment.split.segment_len == segment and by_segment.constexprs["LEAVES"] == leaves
     decode_small = attention_launch_plan(num_seqs=1, max_seqlen_q=1, max_seqlen_k=32768, batch_invariant=True, **fixed)
     assert decode_small.split.num_splits == 32768 // decode_small.split.segment_len
     assert attention_launch_plan(num_seqs=1, max_seqlen_q=2048, max_seqlen_k=32768, batch_invariant=True,
@@ -180,3 +188,39 @@ def test_invariant_plan_fixes_tile_width_and_segments():
         forced = [attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=32768, batch_invariant=True,
                                         **fixed) for q in (1, 2048)]  # fmt: skip
     assert {(lp.config["BLOCK_M"], lp.config["num_warps"]) for lp in forced} == {(64, 8)}
+
+
+@pytest.mark.parametrize("window_left", [-1, 70])
+def test_leaf_programs_give_the_segment_programs_bits(window_left):
+    """Fixed segments of four leaves computed by one program per segment (``invariant_programs`` 1), by one program
+    per leaf and the reduce (3), and by one program folding a row's segments (a query bound past the short
+    regime) give the same bits: sequences ending mid-leaf and mid-segment, a sink, a window starting mid-segment."""
+    spec = Spec(q_lens=[1, 1, 1], kv_lens=[300, 130, 47], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
+                head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=window_left, softcap=0.0,
+                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=7)  # fmt: skip
+    p = build(spec, DEVICE)
+    tiles = {"BLOCK_N": 16, "invariant_segment": 64, "invariant_leaves": 4}
+    got = []
+    for programs, max_q in ((1, 1), (3, 1), (1, 17)):
+        out = torch.full((p.q.shape[0], p.q.shape[1], 64), float("nan"), dtype=p.q.dtype, device=DEVICE)
+        lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
+        with attention_config_override(**tiles, invariant_programs=programs):
+            tpa.paged_attention_out(*p.args[:6], max_q, p.max_seqlen_k, spec.scale, **p.kwargs, batch_invariant=True,
+                                    out=out, lse=lse)  # fmt: skip
+            lp = attention_launch_plan(
+                num_q_heads=8, num_kv_heads=2, head_dim=64, head_dim_v=64, page_size=16, dtype=torch.float16,
+                cache_dtype=torch.float16, num_seqs=3, max_seqlen_q=max_q, max_seqlen_k=p.max_seqlen_k, causal=True,
+                window_left=window_left, softcap=0.0, has_alibi=False, has_sinks=True, has_k_scale=False,
+                has_v_scale=False, has_rows=False, want_lse=True,
+                device_index=None if ON_CPU else torch.cuda.current_device(), interpret=ON_CPU, batch_invariant=True,
+            )  # fmt: skip
+        # (Which plan each run took: segments, leaves, one program.)
+        want = {(1, 1): (5, 64, 4), (3, 1): (19, 16, 1), (1, 17): (1, 64, 4)}[(programs, max_q)]
+        assert (lp.split.num_splits, lp.split.segment_len, lp.constexprs["LEAVES"]) == want
+        got.append((out, lse))
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    for out, lse in got:
+        assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
+        assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])

@@ -57,9 +57,11 @@ _ATTENTION_PARAMS = """
         Deterministic mode: each output row is bitwise the same whatever else is in the batch, the batch order,
         padding, the bounds ``max_seqlen_q``/``max_seqlen_k``, and whether its token is computed in a prefill
         chunk or as a decode step (same cache contents, same flags). Keys are cut into fixed segments from key 0
-        (1024 keys by default, ``invariant_segment`` in the config tables), each reduced on its own and folded in
-        order; decode still splits segments across programs. Every regime uses the decode regime's tile (long
-        prefills run slower in this mode). Verified for the Triton
+        (1024 keys by default, ``invariant_segment`` in the config tables) of fixed leaves (4 by default,
+        ``invariant_leaves``); each leaf is reduced on its own, a segment is the in-order fold of its leaves and a
+        row the in-order fold of its segments. Decode still splits: one program per segment, or per leaf where
+        the segments' programs would leave SMs idle. Every regime uses the decode regime's tile (long prefills run
+        slower in this mode). Verified for the Triton
         kernels on an H200 and the interpreter; the plain-PyTorch fallback for CPU tensors attends each sequence
         alone (batch-mate and order invariant, not bitwise between prefill and decode).
 """

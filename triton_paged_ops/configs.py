@@ -35,8 +35,11 @@ SCHEMA = 1
 REGIMES = ("decode", "short", "prefill")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment", "fill_segment")
-# Keys per fixed KV segment of batch-invariant mode (a multiple of the decode KV tile).
-INVARIANT_KEYS = ("invariant_segment",)
+# Batch-invariant mode: keys per fixed KV segment (a multiple of the decode KV tile); leaves per segment (a power of
+# two: each leaf its own online softmax, a segment the in-order fold of its leaves, a row the in-order fold of its
+# segments); who computes them: 1 one program per segment, 2 one per leaf where the segments' programs would leave
+# SMs idle (default), 3 one per leaf whenever split.
+INVARIANT_KEYS = ("invariant_segment", "invariant_leaves", "invariant_programs")
 # Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
 # 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest; 4 like 3,
 # but each sequence's segments take the last of the segment groups (long sequences' work first, last pieces last).
@@ -122,6 +125,10 @@ def validate_config(cfg: object) -> str | None:
     for key in ("page_guard", "kv_loads", "kv_offsets"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
+    if cfg.get("invariant_programs", 1) not in (1, 2, 3):
+        return f"invariant_programs must be 1, 2 or 3, got {cfg['invariant_programs']}"
+    if cfg.get("invariant_leaves", 1) & (cfg.get("invariant_leaves", 1) - 1):
+        return f"invariant_leaves must be a power of two, got {cfg['invariant_leaves']}"
     return None
 
 

@@ -21,6 +21,8 @@ MAX_WAVES = 16
 # Batch-invariant mode: keys per fixed KV segment (default), and the most segments it splits across programs; past
 # that one program folds all of a row's segments (same bits, less parallel).
 INVARIANT_SEGMENT = 1024
+# Leaves per fixed segment (batch-invariant mode): small batches run one program per leaf.
+INVARIANT_LEAVES = 4
 MAX_INVARIANT_SPLITS = 256
 # The most split-KV workspace a plan allocates per call where it depends on the token count (batch-invariant short
 # queries, long queries; the default short-query plan's worst case is 64 splits of 256 sequences x 32 heads x 128
@@ -124,12 +126,30 @@ def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> Split
 
 
 def invariant_split_plan(
-    max_seqlen_q: int, max_seqlen_k: int, segment_len: int, max_tokens: int = 1, token_bytes: int = 0
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    segment_len: int,
+    max_tokens: int = 1,
+    token_bytes: int = 0,
+    leaves: int = 1,
+    programs: int = 2,
+    tiles: int = 0,
+    num_sms: int = 132,
 ) -> SplitPlan:
-    """Batch-invariant mode: a row's keys always fall into segments of ``segment_len`` from key 0. Short queries
-    run one segment per program (a bounded count and workspace of ``max_tokens * token_bytes`` per segment; the
-    sequential reduce folds them), others fold all of a row's segments in one program; only the count varies."""
+    """Batch-invariant mode: a row's keys always fall into segments of ``segment_len`` from key 0, each the fold of
+    ``leaves`` equal leaves. Short queries run one segment per program (a bounded count and workspace of
+    ``max_tokens * token_bytes`` per segment; the sequential reduce folds them), or one leaf per program where
+    ``tiles`` (query tiles x KV heads) times the segments would leave some of the ``num_sms`` SMs idle
+    (``programs`` 2; 3: whenever split, 1: never; the reduce then folds each segment's leaves first); other queries
+    fold all of a row's segments in one program. Only who computes what varies, never the arithmetic."""
     n = -(-max_seqlen_k // segment_len)
+    leaf_len = segment_len // leaves
+    n_leaves = -(-max_seqlen_k // leaf_len)
+    fits = n_leaves * max_tokens * token_bytes <= SPLIT_WORKSPACE_BYTES and n_leaves <= MAX_INVARIANT_SPLITS
+    by_leaf = leaves > 1 and max_seqlen_q <= MAX_SPLIT_Q_LEN and n_leaves > 1 and fits
+    by_leaf = by_leaf and (programs == 3 or (programs == 2 and tiles * n < num_sms))
+    if by_leaf:
+        return SplitPlan(n_leaves, leaf_len)
     split = max_seqlen_q <= MAX_SPLIT_Q_LEN and 1 < n <= MAX_INVARIANT_SPLITS
     split = split and n * max_tokens * token_bytes <= SPLIT_WORKSPACE_BYTES
     return SplitPlan(n if split else 1, segment_len)

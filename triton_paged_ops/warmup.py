@@ -100,10 +100,13 @@ def reachable_variants(
         cfg = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=q, **fixed).config
         if st.batch_invariant:
             # Fixed segments: a batch either fits one segment (no split) or splits (one sequential reduce variant,
-            # whatever the count); one sequence past one segment reaches the split whenever any batch can.
-            for k in {q, max(q, min(max_context, cfg["invariant_segment"] + 1))}:
-                lp = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=k, **fixed)
-                found.setdefault(lp.variant(), (1, q, k))
+            # whatever the count), by segment or, where the segments leave SMs idle, by leaf: one sequence just
+            # past one segment takes the leaves whenever any batch can, the largest batch at the longest context
+            # the segments.
+            for b in sorted({1, max_batch}):
+                for k in {q, max(q, min(max_context, cfg["invariant_segment"] + 1)), max(q, max_context)}:
+                    lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
+                    found.setdefault(lp.variant(), (b, q, k))
             continue
         policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
         key = (cfg["BLOCK_N"], policy, cfg.get("num_splits"))

@@ -46,6 +46,7 @@ from triton_paged_ops.kernels.merge import (
     reduce_plan,
 )
 from triton_paged_ops.plan import (
+    INVARIANT_LEAVES,
     INVARIANT_SEGMENT,
     MAX_SPLIT_Q_LEN,
     SplitPlan,
@@ -252,6 +253,41 @@ def _attend_range(
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
     [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after.
     ``KV_DESC``: each tile lies in one page; tall tiles then copy K and V through tensor descriptors."""
+    acc, m_i, l_i, _, _, _, _ = _attend_tiles(
+        acc, m_i, l_i, acc, m_i, l_i, 0, 1, None, q, lo, hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr,
+        kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+        stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+        HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
+        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+        False, 1,
+    )  # fmt: skip
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
+    """Fold a finished leaf's normalised result into its segment's running fold; an empty softmax state after."""
+    o_leaf, lse_leaf = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+    m_f, t_f, alpha, beta = _fold_step(m_f, t_f, lse_leaf)
+    out_f = _fold_out(out_f, o_leaf, alpha[:, None], beta[:, None])
+    return (tl.zeros_like(acc), tl.full(m_i.shape, float("-inf"), dtype=tl.float32), tl.zeros_like(l_i), out_f, m_f,
+            t_f)  # fmt: skip
+
+
+@triton.jit
+def _attend_tiles(
+    acc, m_i, l_i, out_f, m_f, t_f, cur_leaf, leaf_len, v_scale_ptr, q, lo, hi, full_lo, full_hi, k_cache_ptr,
+    v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
+    alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
+    HAS_V_SCALE: tl.constexpr, LEAVES: tl.constexpr,
+):  # fmt: skip
+    """``_attend_range``; with ``LEAVES`` > 1 the softmax state (acc, m_i, l_i) is that of leaf ``cur_leaf`` (keys
+    [cur_leaf * leaf_len, ...)), and a tile of a later leaf first folds it into (out_f, m_f, t_f) (``_close_leaf``)
+    and starts afresh: leaves inside one pipelined loop."""
     # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
     # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
@@ -298,6 +334,11 @@ def _attend_range(
                     page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                 else:
                     tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N)
+                if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
+                    if start_n // leaf_len != cur_leaf:
+                        acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr,
+                                                                     HAS_V_SCALE)  # fmt: skip
+                        cur_leaf = start_n // leaf_len
                 acc, m_i, l_i = _attend_tile(
                     acc, m_i, l_i, q, start_n, tile_page, k_src, v_src, kv_head, kv_len, num_pages,
                     q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
@@ -309,6 +350,11 @@ def _attend_range(
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
         for start_n in tl.range(mid_hi, hi, BLOCK_N, num_stages=1):
+            if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
+                if start_n // leaf_len != cur_leaf:
+                    acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr,
+                                                                 HAS_V_SCALE)  # fmt: skip
+                    cur_leaf = start_n // leaf_len
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, start_n, _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N), k_cache_ptr,
                 v_cache_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
@@ -316,7 +362,7 @@ def _attend_range(
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
                 HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
             )  # fmt: skip
-    return acc, m_i, l_i
+    return acc, m_i, l_i, out_f, m_f, t_f, cur_leaf
 
 
 @triton.jit
@@ -367,7 +413,8 @@ def _softmax_start(sinks_ptr, q_head, row_valid, first, BLOCK_M: tl.constexpr, H
 def _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
     """Output and base-2 log-sum-exp of a run of keys; a row that saw no key (and no sink) gets 0 and -inf."""
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
+    # One reciprocal per row and a product per element: an fp32 division per element costs a dozen instructions.
+    out = acc * (1.0 / l_safe)[:, None]
     if HAS_V_SCALE:
         out = out * tl.load(v_scale_ptr)
     return out, tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
@@ -492,9 +539,9 @@ def _attend_block(
     HEAD_DIM_V_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
-    WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, FP8_VIA_FP16: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SEQUENTIAL_MERGE: tl.constexpr,
-    FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
+    WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, LEAVES: tl.constexpr,
+    FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
+    SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
@@ -561,31 +608,54 @@ def _attend_block(
         full_lo = tl.cdiv(tl.maximum(0, context_len + last_tok - window_left), BLOCK_N) * BLOCK_N
 
     if FOLD_SEGMENTS:
-        # Batch-invariant mode in one program: fixed segments of segment_len keys, each its own online softmax,
-        # folded in order: the arithmetic of split programs + the sequential reduce, so a row's bits do not depend
-        # on whether (or how) its keys were split, nor on the other rows of its tile.
+        # Batch-invariant mode in one program: fixed segments of segment_len keys, each the in-order fold of its
+        # LEAVES leaves (each its own online softmax), folded in order: the arithmetic of split programs + the
+        # sequential reduce, so a row's bits do not depend on whether (or how) its keys were split, nor on the
+        # other rows of its tile.
         out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
         m_fold = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         total = tl.zeros([BLOCK_M], dtype=tl.float32)
         # Segment 0 holds the sink even when a window skips its keys.
         first_seg = 0 if HAS_SINKS else (kv_lo // segment_len) * segment_len
         for seg_lo in range(first_seg, kv_hi, segment_len):
-            acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
-                                           HAS_SINKS)  # fmt: skip
-            acc, m_i, l_i = _attend_range(
-                acc, m_i, l_i, q, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), full_lo,
-                full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid,
-                qk_scale, softcap, window_left, alibi_slope,
-                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
-                KV_DESC,
-            )  # fmt: skip
-            o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+            if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
+                o_seg, lse_seg = _attend_leaves(
+                    q, seg_lo, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), segment_len,
+                    full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, q_head,
+                    row_valid, qk_scale, softcap, window_left, alibi_slope, sinks_ptr, v_scale_ptr,
+                    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                    HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
+                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION,
+                    PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
+                )  # fmt: skip
+            else:
+                acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
+                                               HAS_SINKS)  # fmt: skip
+                acc, m_i, l_i = _attend_range(
+                    acc, m_i, l_i, q, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), full_lo,
+                    full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid,
+                    qk_scale, softcap, window_left, alibi_slope,
+                    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                    HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
+                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES,
+                    NARROW_OFFSETS, KV_DESC,
+                )  # fmt: skip
+                o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
             out = _fold_out(out, o_seg, alpha[:, None], beta[:, None])
         total_safe, lse2 = _fold_result(m_fold, total)
         out = out / total_safe[:, None]
+    elif LEAVES > 1:
+        # Batch-invariant mode, one fixed segment per program: the in-order fold of its leaves.
+        seg_lo = split * segment_len
+        out, lse2 = _attend_leaves(
+            q, seg_lo, kv_lo, kv_hi, segment_len, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head,
+            kv_len, num_pages, q_pos, q_head, row_valid, qk_scale, softcap, window_left, alibi_slope, sinks_ptr,
+            v_scale_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, PAGES_AHEAD,
+            CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
+        )  # fmt: skip
     else:
         acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
         acc, m_i, l_i = _attend_range(
@@ -623,6 +693,43 @@ def _attend_block(
                 stride_o_split, stride_lse_split, stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
                 BLOCK_M, HEAD_DIM_V, HEAD_DIM_V_PAD, SEQUENTIAL_MERGE, FINAL_LSE,
             )  # fmt: skip
+
+
+@triton.jit
+def _attend_leaves(
+    q, seg_lo, lo, hi, segment_len, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
+    num_pages, q_pos, q_head, row_valid, qk_scale, softcap, window_left, alibi_slope, sinks_ptr, v_scale_ptr,
+    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_V_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, PAGES_AHEAD: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, LEAVES: tl.constexpr,
+):  # fmt: skip
+    """Batch-invariant mode: the keys [lo, hi) of the fixed segment starting at ``seg_lo``, as the in-order fold
+    of its ``LEAVES`` leaves of ``segment_len // LEAVES`` keys (each its own online softmax, normalised): the
+    operations by which the reduce folds leaves that separate programs computed, so a segment's (output, base-2
+    lse) has the same bits whoever computes its leaves. Leaves outside [lo, hi) are empty (an exact identity of the
+    fold) and skipped, except that the one at key 0 always counts: it carries the sink. One pipelined tile loop
+    runs the segment (``_attend_tiles``): a loop per leaf would refill the pipeline every few tiles."""
+    leaf_len = segment_len // LEAVES
+    out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+    m_fold = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
+    # The first state is leaf 0's where it holds the sink (a window may skip that leaf's keys), else lo's leaf.
+    cur_leaf = (seg_lo if HAS_SINKS else lo) // leaf_len
+    acc, m_i, l_i, out, m_fold, total, cur_leaf = _attend_tiles(
+        acc, m_i, l_i, out, m_fold, total, cur_leaf, leaf_len, v_scale_ptr, q, lo, hi, full_lo, full_hi, k_cache_ptr,
+        v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
+        alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+        HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
+        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+        HAS_V_SCALE, LEAVES,
+    )  # fmt: skip
+    _, _, _, out, m_fold, total = _close_leaf(acc, m_i, l_i, out, m_fold, total, v_scale_ptr, HAS_V_SCALE)
+    total_safe, lse = _fold_result(m_fold, total)
+    return out / total_safe[:, None], lse
 
 
 @triton.jit
@@ -761,6 +868,7 @@ def _paged_attention_kernel(
     WRITE_LSE: tl.constexpr,
     SPLIT_KV: tl.constexpr,
     FOLD_SEGMENTS: tl.constexpr,
+    LEAVES: tl.constexpr,
     FP8_VIA_FP16: tl.constexpr,
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -887,8 +995,8 @@ def _paged_attention_kernel(
                 stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
-                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE,
-                FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
+                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL,
+                SEQUENTIAL_MERGE, FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
             )  # fmt: skip
             return
     _attend_block(
@@ -900,8 +1008,8 @@ def _paged_attention_kernel(
         stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
-        FOLD_SEGMENTS, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, 1, CLAMP_PAGES,
-        NARROW_OFFSETS, KV_DESC,
+        FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, 1,
+        CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
     )  # fmt: skip
 
 
@@ -922,8 +1030,12 @@ def split_plan_for(
     Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``).
     """
     if batch_invariant:
-        return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"],
-                                    num_seqs * max_seqlen_q, token_bytes)  # fmt: skip
+        num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+        # (Leaf programs need the separate reduce: the in-kernel merge folds whole segments.)
+        programs = cfg.get("invariant_programs", 2) if cfg.get("split_merge", 1) == 1 else 1
+        tiles = num_seqs * num_kv_heads * -(-max_seqlen_q // block_q)
+        return invariant_split_plan(max_seqlen_q, max_seqlen_k, cfg["invariant_segment"], num_seqs * max_seqlen_q,
+                                    token_bytes, cfg.get("invariant_leaves", 1), programs, tiles, num_sms)  # fmt: skip
     if "num_splits" in cfg:
         return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
@@ -1019,8 +1131,12 @@ def _cached_launch_plan(
         decode = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
         block_n = decode["BLOCK_N"]
         segment = -(-decode.get("invariant_segment", INVARIANT_SEGMENT) // block_n) * block_n
-        cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment, "BLOCK_M": decode["BLOCK_M"],
-               "num_warps": decode["num_warps"]}  # fmt: skip
+        # Leaves of whole KV tiles: as many as asked for (a power of two) that divide the segment into tiles.
+        leaves = decode.get("invariant_leaves", INVARIANT_LEAVES)
+        while leaves > 1 and segment % (leaves * block_n):
+            leaves //= 2
+        cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment, "invariant_leaves": leaves,
+               "BLOCK_M": decode["BLOCK_M"], "num_warps": decode["num_warps"]}  # fmt: skip
     # Query tokens per tile. Decode launches say 1 whatever the tile holds: one token sees every key below its
     # sequence length, which lets the kernel drop the causal mask (the tile's other rows are padding).
     block_q = 1 if max_seqlen_q == 1 else max(1, cfg["BLOCK_M"] // group)
@@ -1063,6 +1179,8 @@ def _cached_launch_plan(
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
         HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
         FOLD_SEGMENTS=batch_invariant and split.num_splits == 1, ONE_BLOCK_PER_SEQ=one_block,
+        # Leaves per program's segment: a fixed segment's (1 where each program computes one leaf).
+        LEAVES=cfg["invariant_leaves"] if batch_invariant and split.segment_len == cfg["invariant_segment"] else 1,
         FP8_VIA_FP16=cache_dtype.itemsize == 1 and dtype == torch.bfloat16,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
@@ -1294,9 +1412,11 @@ def prepare_attention_launch(
         lse_elems = -(-splits * num_tokens * num_q_heads // 4) * 4
         out_elems = splits * num_tokens * num_q_heads * head_dim_v
         if not lp.constexprs["MERGE_IN_KERNEL"]:
+            # Leaf programs (batch-invariant mode): the reduce folds each fixed segment's leaves first.
+            group = lp.config["invariant_segment"] // plan.segment_len if batch_invariant else 1
             reduce = reduce_plan(splits, num_tokens, num_q_heads, head_dim_v, o_strides, l_strides, num_seqs,
                                  out.stride()[:2], None if lse is None else lse.stride(), batch_invariant,
-                                 lp.constexprs["LAUNCH_DEPENDENTS"])  # fmt: skip
+                                 lp.constexprs["LAUNCH_DEPENDENTS"], group)  # fmt: skip
     else:
         o_strides = (0, *out.stride()[:2])
         l_strides = (0, *(lse if lse is not None else out).stride()[:2])

@@ -180,13 +180,16 @@ def _reduce_splits_kernel(
     BLOCK_S: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     SEQUENTIAL: tl.constexpr,
+    FOLD_GROUP: tl.constexpr,
     WAIT_PRIOR: tl.constexpr,
 ):
     """Merge the split-KV partials (outputs and base-2 log-sum-exps) of one (token, head): program ids (token, head).
 
     ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_step`` (``BLOCK_S``
-    segments loaded per step); otherwise all segments are weighted at once, and a segment whose lse is -inf (an
-    empty segment program stores nothing else) has its output read as zeros. ``WAIT_PRIOR``: launched as a
+    segments loaded per step); with ``FOLD_GROUP`` > 1 the partials are leaves, and each run of ``FOLD_GROUP`` is
+    folded into its fixed segment's result first (as ``_attend_leaves`` does in one program). Otherwise all
+    segments are weighted at once, and a segment whose lse is -inf (an empty segment program stores nothing else)
+    has its output read as zeros. ``WAIT_PRIOR``: launched as a
     programmatic dependent of the attention kernel, so the program may be resident before that kernel ends; it waits
     for it to finish (and its writes to be visible) before touching memory.
     """
@@ -211,14 +214,31 @@ def _reduce_splits_kernel(
         offs_s = tl.arange(0, BLOCK_S)
         lse_grp, out_grp = _load_segments(part_out_ptr, part_lse_ptr, 0, offs_s, offs_d, d_mask, num_splits,
                                           stride_po_s, stride_pl_s)  # fmt: skip
+        # (A fixed segment's leaves, FOLD_GROUP > 1: BLOCK_S is a multiple of FOLD_GROUP, so no group spans steps.)
+        m_in = tl.full([], float("-inf"), dtype=tl.float32)
+        total_in = tl.zeros([], dtype=tl.float32)
+        out_in = tl.zeros([BLOCK_D], dtype=tl.float32)
         for s0 in range(0, num_splits, BLOCK_S):
             lse_next, out_next = _load_segments(part_out_ptr, part_lse_ptr, s0 + BLOCK_S, offs_s, offs_d, d_mask,
                                                 num_splits, stride_po_s, stride_pl_s)  # fmt: skip
             for g in tl.static_range(BLOCK_S):
                 lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
                 o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
-                m, total, alpha, beta = _fold_step(m, total, lse_s)  # padding past num_splits is empty: no change
-                out = _fold_out(out, o_s, alpha, beta)
+                # (Padding past num_splits is empty: no change.)
+                if FOLD_GROUP == 1:
+                    m, total, alpha, beta = _fold_step(m, total, lse_s)
+                    out = _fold_out(out, o_s, alpha, beta)
+                else:
+                    if g % FOLD_GROUP == 0:
+                        m_in = tl.full([], float("-inf"), dtype=tl.float32)
+                        total_in = tl.zeros([], dtype=tl.float32)
+                        out_in = tl.zeros([BLOCK_D], dtype=tl.float32)
+                    m_in, total_in, alpha, beta = _fold_step(m_in, total_in, lse_s)
+                    out_in = _fold_out(out_in, o_s, alpha, beta)
+                    if g % FOLD_GROUP == FOLD_GROUP - 1:
+                        total_in_safe, lse_seg = _fold_result(m_in, total_in)
+                        m, total, alpha, beta = _fold_step(m, total, lse_seg)
+                        out = _fold_out(out, out_in / total_in_safe, alpha, beta)
             lse_grp, out_grp = lse_next, out_next
         total_safe, lse = _fold_result(m, total)
         out = out / total_safe
@@ -272,18 +292,20 @@ def reduce_plan(
     lse_strides: tuple[int, int] | None,
     sequential: bool = False,
     dependent: bool = False,
+    fold_group: int = 1,
 ) -> ReducePlan:
     """Plan merging ``part_out [S, T, H, Dv]`` / ``part_lse [S, T, H]`` (base-2 log; strides of the first three
     dims) into ``out`` (strides of its token and head dims) and, if ``lse_strides`` is given, ``lse`` (natural
-    log); ``sequential``: fold the segments in order (batch-invariant mode); ``dependent``: launch as a
-    programmatic dependent of the kernel before it (``dependent_launch_supported`` devices only)."""
-    block_s = 8 if sequential else max(2, triton.next_power_of_2(num_splits))
+    log); ``sequential``: fold the segments in order (batch-invariant mode), ``fold_group`` leaves per fixed
+    segment (a power of two); ``dependent``: launch as a programmatic dependent of the kernel before it
+    (``dependent_launch_supported`` devices only)."""
+    block_s = max(8, fold_group) if sequential else max(2, triton.next_power_of_2(num_splits))
     want_lse = lse_strides is not None
     tail = (num_seqs, num_splits, *part_out_strides, *part_lse_strides, *out_strides,
             *(lse_strides if want_lse else part_lse_strides[1:]))  # fmt: skip
     block_d = triton.next_power_of_2(head_dim)
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_S=block_s, WRITE_LSE=want_lse, SEQUENTIAL=sequential,
-                      WAIT_PRIOR=dependent)  # fmt: skip
+                      FOLD_GROUP=fold_group if sequential else 1, WAIT_PRIOR=dependent)  # fmt: skip
     # The sequential fold picks one segment's row out of a group per step: narrow rows on 4 warps would split the
     # group's rows across warps (a reduction through shared memory per step, seen in the sm_90 PTX); one warp
     # keeps each column's rows in one thread.
@@ -291,7 +313,7 @@ def reduce_plan(
     # A dependent launch lets the reduce's programs be scheduled as the attention kernel's last ones run, instead of
     # after it ends: the launch gap between the two leaves the critical path of a short decode step.
     options = {**traced, "launch_pdl": True} if dependent else traced
-    static = (head_dim, block_s, want_lse, sequential, dependent)
+    static = (head_dim, block_s, want_lse, sequential, constexprs["FOLD_GROUP"], dependent)
     return ReducePlan((num_tokens, num_heads), tail, constexprs, options, static, traced)
 
 
