@@ -39,6 +39,25 @@ def test_enumerated_variants_cover_random_serving_batches(invariant):
         assert lp.variant() in found, (batch, q, k)
 
 
+def test_invariant_variants_cover_leaf_and_segment_programs():
+    """Batch-invariant serving whose batches split by leaf (small grids) and by segment (large ones): the
+    enumeration reaches both kinds of split program and the one-program fold."""
+    settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.float16)
+    dev = None if INTERPRET else torch.cuda.current_device()
+    found = reachable_variants(ServingSettings(**settings, max_batch=64, max_context=8192, max_query=64,
+                                               batch_invariant=True), dev, INTERPRET)  # fmt: skip
+    rng = random.Random(1)
+    kinds = set()
+    for _ in range(1500):
+        batch, q = rng.randint(1, 64), rng.choice([1, rng.randint(2, 16), rng.randint(17, 64)])
+        lp = attention_launch_plan(**settings, cache_dtype=torch.float16, num_seqs=batch, max_seqlen_q=q,
+                                   max_seqlen_k=rng.randint(q, 8192), head_dim_v=128, device_index=dev,
+                                   interpret=INTERPRET, **FEATURES, batch_invariant=True)  # fmt: skip
+        assert lp.variant() in found
+        kinds.add((lp.split.num_splits > 1, lp.constexprs["LEAVES"]))
+    assert {(True, 1), (True, 4), (False, 4)} <= kinds
+
+
 def test_warmup_runs_each_variant_and_reports(capsys):
     limits = dict(max_batch=4, max_context=2048, max_query=40)
     dev = None if INTERPRET else torch.cuda.current_device()

@@ -100,11 +100,13 @@ def reachable_variants(
         cfg = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=q, **fixed).config
         if st.batch_invariant:
             # Fixed segments: a batch either fits one segment (no split) or splits (one sequential reduce variant,
-            # whatever the count), by segment or, where the segments leave SMs idle, by leaf: one sequence just
-            # past one segment takes the leaves whenever any batch can, the largest batch at the longest context
-            # the segments.
-            for b in sorted({1, max_batch}):
-                for k in {q, max(q, min(max_context, cfg["invariant_segment"] + 1)), max(q, max_context)}:
+            # whatever the count), by segment or, where the segments leave SMs idle, by leaf (and within the split
+            # limits): batch sizes and segment counts by powers of two reach each kind that any batch can.
+            seg = cfg["invariant_segment"]
+            counts = [1 << i for i in range(max(1, -(-max_context // seg)).bit_length() + 1)]
+            bounds = {q, max(q, max_context)} | {max(q, min(max_context, n * seg + 1)) for n in counts}
+            for b in sorted({1 << i for i in range(max_batch.bit_length())} | {max_batch}):
+                for k in bounds:
                     lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
                     found.setdefault(lp.variant(), (b, q, k))
             continue
