@@ -72,11 +72,15 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
+        # (Batch-invariant leaf programs: the reduce folds each segment's leaves first.)
+        leaves = lp.config["invariant_segment"] // lp.split.segment_len if invariant else 1
         rp = merge.reduce_plan(lp.split.num_splits, 4, 8 * group, head_dim, (0, 0, 0), (0, 0, 0), num_seqs, (0, 0),
-                               (0, 0) if lse else None, invariant, lp.constexprs["LAUNCH_DEPENDENTS"])  # fmt: skip
+                               (0, 0) if lse else None, invariant, lp.constexprs["LAUNCH_DEPENDENTS"],
+                               leaves)  # fmt: skip
         reduce_ptrs = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
                        "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
         out["reduce_shared"] = _compile(merge._reduce_splits_kernel, reduce_ptrs, (), rp.constexprs, rp.options)
+        out["reduce_fold_group"] = rp.constexprs["FOLD_GROUP"]
     return out
 
 
@@ -117,6 +121,7 @@ def main() -> int:
         attention_variant("prefill fp32", dtype=torch.float32, max_q=64, max_k=1024),
         attention_variant("invariant prefill fold", max_q=512, sinks=True, window=300, invariant=True),
         attention_variant("invariant decode split", max_k=32768, lse=True, invariant=True),
+        attention_variant("invariant decode leaves", num_seqs=1, max_k=4096, sinks=True, invariant=True),
         attention_variant("invariant fp32 short", dtype=torch.float32, max_q=8, max_k=4096, invariant=True),
         attention_variant("invariant decode alibi softcap", max_k=8192, alibi=True, softcap=30.0, invariant=True),
     ]
