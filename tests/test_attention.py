@@ -262,7 +262,9 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
     for merge in (1, 2):
         for order in (1, 2, 3, 4):
             # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one.)
-            # (Batch-invariant mode splits by its fixed segments, here 64 keys: 11 of them for the longest row.)
+            # (Batch-invariant mode splits by its fixed segments, here 64 keys: 11 of them for the longest row; a
+            # grid this small takes one program per 32-key leaf, 22, except with the in-kernel merge, which folds
+            # whole segments.)
             cfg = dict(
                 BLOCK_M=16,
                 BLOCK_N=32,
@@ -275,7 +277,7 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
                 plan = _launch_plan(p, invariant)
                 assert plan.constexprs["DECODE_ORDER"] == order
                 assert plan.constexprs["MERGE_IN_KERNEL"] == (merge == 2 and plan.split.num_splits > 1)
-                assert plan.split.num_splits == (11 if invariant else num_splits)
+                assert plan.split.num_splits == ((22 if merge == 1 else 11) if invariant else num_splits)
                 # Every segment index must be written by this run (partial or lse = -inf), not left from the last.
                 kept = attention._scratch_buffers().get(("workspace", p.q.device))
                 if kept is not None:
@@ -508,6 +510,34 @@ def test_wide_and_narrow_offsets_give_the_same_bits(guard):
         lse = torch.full((t, hq), float("nan"), device=p.q.device)
         with attention_config_override(BLOCK_M=32, BLOCK_N=16, num_splits=2, page_guard=guard, kv_offsets=width):
             tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
+        got.append((out, lse))
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    for out, lse in got:
+        assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
+    assert torch.equal(got[0][0][:n], got[1][0][:n]) and torch.equal(got[0][1][:n], got[1][1][:n])
+
+
+@pytest.mark.parametrize("guard", [1, 2])
+def test_scores_one_tile_ahead_give_the_same_bits(guard):
+    """``qk_ahead`` 2 (taller tiles' unmasked loop scores the next tile before reducing the current one) changes
+    the order of work, not its arithmetic: the bits of the plain loop, on chunks over a prefix (long unmasked
+    runs, a range that ends where the next tile lies past kv_len), a one-token row and a short chunk whose
+    unmasked range is empty."""
+    spec = Spec(q_lens=[40, 1, 3, 20], kv_lens=[200, 77, 3, 150], pad_tokens=2, page_size=16, num_kv_heads=2, group=2,
+                head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=False, spare_pages=2,
+                extra_cols=1, tiles=(32, 16), seed=13)  # fmt: skip
+    p = build(spec, DEVICE)
+    t, hq = p.q.shape[:2]
+    got = []
+    for ahead in (1, 2):
+        out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
+        lse = torch.full((t, hq), float("nan"), device=p.q.device)
+        with attention_config_override(BLOCK_M=32, BLOCK_N=16, page_guard=guard, qk_ahead=ahead):
+            lp = _launch_plan(p)
+            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
+        assert lp.constexprs["QK_AHEAD"] == (ahead == 2)
         got.append((out, lse))
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     n = p.num_real_tokens
