@@ -58,7 +58,9 @@ GUARD_KEYS = ("page_guard",)
 # 2 one tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).
 # The width of the gathers' K/V offsets: 1 64-bit always, 2 32-bit where every element of both caches lies below
 # 2^31 (default).
-LOAD_KEYS = ("kv_loads", "kv_offsets")
+# Taller tiles' unmasked loop: 1 each tile scored and reduced in turn (default), 2 the next tile scored before the
+# current one's softmax (tensor-core work in flight during it).
+LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead")
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -122,7 +124,7 @@ def validate_config(cfg: object) -> str | None:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads", "kv_offsets"):
+    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):

@@ -136,9 +136,28 @@ def _attend_tile(
     ``KV_DESC``: the tile lies in one page (``page`` is its id) and ``k_cache_ptr``/``v_cache_ptr`` are tensor
     descriptors of the KV head's rows (``_kv_descriptors``): each tile arrives as one block copy (TMA on NVIDIA).
     """
+    s, key_valid, v_loc = _tile_scores(
+        q, start_n, page, k_cache_ptr, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot, stride_k_head,
+        stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE, BLOCK_N, DOT_PRECISION,
+        MASKED, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+    )  # fmt: skip
+    return _tile_update(
+        acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_cache_ptr, q_pos, row_valid, qk_scale, softcap,
+        window_left, alibi_slope, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
+        DOT_PRECISION, MASKED, KV_DESC,
+    )  # fmt: skip
+
+
+@triton.jit
+def _tile_scores(
+    q, start_n, page, k_cache_ptr, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot, stride_k_head,
+    stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
+):  # fmt: skip
+    """The first half of ``_attend_tile``: the tile's raw scores q @ K^T, its key mask, and where its V rows are."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     key_valid = offs_n < kv_len
     # A page id outside the cache would be an illegal access (debug mode reports them). Such keys are dropped, or
     # with CLAMP_PAGES read page 0 instead: the key mask then depends on the key index alone, and no tile converts
@@ -182,6 +201,22 @@ def _attend_tile(
                 other=0.0,
             )
     s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+    # Where the tile's V rows are: the descriptor's first row, or each key's offset.
+    v_loc = desc_row if KV_DESC else v_row
+    return s, key_valid, v_loc
+
+
+@triton.jit
+def _tile_update(
+    acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_cache_ptr, q_pos, row_valid, qk_scale, softcap, window_left,
+    alibi_slope, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, KV_DESC: tl.constexpr,
+):  # fmt: skip
+    """The second half of ``_attend_tile``: scale, cap, masks and the online-softmax step on the tile's scores ``s``,
+    then its V rows (at ``v_loc``) into the accumulator."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     # Without a cap or ALiBi the scale is applied inside the exponent's fma (one instruction per score instead of a
     # multiply and a subtraction); it is positive there (_attend_block), so the row max scales with it exactly.
     FOLD_SCALE: tl.constexpr = not HAS_SOFTCAP and not HAS_ALIBI
@@ -223,16 +258,16 @@ def _attend_tile(
         acc = acc * alpha[:, None]
 
     if KV_DESC:
-        v = v_cache_ptr.load([desc_row, 0])
+        v = v_cache_ptr.load([v_loc, 0])
         if MASKED == 1:
             # A page's slots past the sequence hold whatever was there (NaN bits too): 0 * NaN would poison the
             # product, so those rows are zeroed (only masked tiles reach past kv_len).
             v = tl.where(key_valid[:, None], v, 0.0)
     elif MASKED == 2 and HEAD_DIM_V == HEAD_DIM_V_PAD:
-        v = tl.load(v_cache_ptr + v_row[:, None] + offs_dv[None, :])
+        v = tl.load(v_cache_ptr + v_loc[:, None] + offs_dv[None, :])
     else:
         v = tl.load(
-            v_cache_ptr + v_row[:, None] + offs_dv[None, :],
+            v_cache_ptr + v_loc[:, None] + offs_dv[None, :],
             mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
             other=0.0,
         )
@@ -322,31 +357,57 @@ def _attend_tiles(
             start, stop = mid_hi, hi
         # No code for ranges that are always empty: before full_lo (0) without a window, after hi for one token.
         if (phase == 0 and HAS_WINDOW) or phase == 1 or (phase == 2 and not one_token):
-            # Decode launches load each tile's page ids one tile ahead (PAGES_AHEAD 1): the tile's K/V addresses are
-            # then known when its loads are issued, not after a block-table load (fp8 decode +4-7%, NOTES v19).
+            # Decode launches load each tile's page ids one tile ahead (PAGES_AHEAD 1, or 2 where taller tiles also
+            # score ahead, below): the tile's K/V addresses are then known when its loads are issued, not after a
+            # block-table load (fp8 decode +4-7%, NOTES v19).
             # Taller tiles keep the plain order (there the pipeliner would stage more buffers than the shared memory
             # holds, D256), and so do the one-token rows of a prefill launch (0: with the launch's stages they cost
             # its tall tiles shared memory and speed; held to two stages, they still cost whole prompts 6%, NOTES v20).
             page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N)
-            for start_n in tl.range(start, stop, BLOCK_N):
-                if one_token and PAGES_AHEAD:
-                    tile_page = page
-                    page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
-                else:
-                    tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N)
-                if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
-                    if start_n // leaf_len != cur_leaf:
-                        acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr,
-                                                                     HAS_V_SCALE)  # fmt: skip
-                        cur_leaf = start_n // leaf_len
-                acc, m_i, l_i = _attend_tile(
-                    acc, m_i, l_i, q, start_n, tile_page, k_src, v_src, kv_head, kv_len, num_pages,
-                    q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
-                    stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
-                    HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                    DOT_PRECISION, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
-                    NARROW_OFFSETS, use_desc,
+            if PAGES_AHEAD == 2 and phase == 1 and not one_token and LEAVES == 1:
+                # Taller tiles, scores one tile ahead: the next tile's q @ K^T is issued before this tile's softmax
+                # and P @ V, so the tensor cores have work while the softmax runs. The last step scores a tile past
+                # the range, never used (its page id is 0 past kv_len, so its loads stay inside the cache). Page ids
+                # arrive two tiles ahead: the next tile's K load then waits for no block-table load.
+                s, key_valid, v_loc = _tile_scores(
+                    q, start, page, k_src, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot,
+                    stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
+                    BLOCK_N, DOT_PRECISION, 2 if unguarded else 0, CLAMP_PAGES, NARROW_OFFSETS, use_desc,
                 )  # fmt: skip
+                page = _tile_pages(bt_row_ptr, start + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
+                for start_n in tl.range(start, stop, BLOCK_N):
+                    s_next, key_valid_next, v_loc_next = _tile_scores(
+                        q, start_n + BLOCK_N, page, k_src, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot,
+                        stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
+                        BLOCK_N, DOT_PRECISION, 2 if unguarded else 0, CLAMP_PAGES, NARROW_OFFSETS, use_desc,
+                    )  # fmt: skip
+                    page = _tile_pages(bt_row_ptr, start_n + 2 * BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
+                    acc, m_i, l_i = _tile_update(
+                        acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_src, q_pos, row_valid, qk_scale, softcap,
+                        window_left, alibi_slope, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
+                        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 2 if unguarded else 0, use_desc,
+                    )  # fmt: skip
+                    s, key_valid, v_loc = s_next, key_valid_next, v_loc_next
+            else:
+                for start_n in tl.range(start, stop, BLOCK_N):
+                    if one_token and PAGES_AHEAD:
+                        tile_page = page
+                        page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
+                    else:
+                        tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N)
+                    if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
+                        if start_n // leaf_len != cur_leaf:
+                            acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr,
+                                                                         HAS_V_SCALE)  # fmt: skip
+                            cur_leaf = start_n // leaf_len
+                    acc, m_i, l_i = _attend_tile(
+                        acc, m_i, l_i, q, start_n, tile_page, k_src, v_src, kv_head, kv_len, num_pages,
+                        q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
+                        stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
+                        HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
+                        DOT_PRECISION, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
+                        NARROW_OFFSETS, use_desc,
+                    )  # fmt: skip
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
         for start_n in tl.range(mid_hi, hi, BLOCK_N, num_stages=1):
@@ -520,6 +581,8 @@ def select_attention_config(
     cfg.setdefault("kv_loads", 1)
     # 32-bit K/V offsets where the caches allow them (2): ~9% fewer instructions per page-16 prefill tile (NOTES v22).
     cfg.setdefault("kv_offsets", 2)
+    # Taller tiles' unmasked loop scores the next tile before the current one's softmax (2; off until measured).
+    cfg.setdefault("qk_ahead", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -880,6 +943,7 @@ def _paged_attention_kernel(
     SEQUENTIAL_MERGE: tl.constexpr,
     FINAL_LSE: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
+    QK_AHEAD: tl.constexpr,
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
@@ -1008,7 +1072,8 @@ def _paged_attention_kernel(
         stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
-        FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE, 1,
+        FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
+        2 if QK_AHEAD else 1,
         CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
     )  # fmt: skip
 
@@ -1186,6 +1251,7 @@ def _cached_launch_plan(
         DOT_PRECISION="ieee" if dtype == torch.float32 else None,
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
         NARROW_OFFSETS=narrow_offsets and cfg["kv_offsets"] == 2,
+        QK_AHEAD=cfg["qk_ahead"] == 2 and block_q > 1 and not batch_invariant,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
