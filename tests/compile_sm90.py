@@ -151,6 +151,9 @@ def main() -> int:
     }
     with attention.attention_config_override(kv_loads=2):
         results += [attention_variant(name, page_size=64, device_index=0, **kw) for name, kw in copies.items()]
+    # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
+    with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
+        results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))
     json.dump(results, sys.stdout)
     return 0
 
