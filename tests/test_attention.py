@@ -503,19 +503,27 @@ def test_wide_and_narrow_offsets_give_the_same_bits(guard):
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=True, spare_pages=3,
                 extra_cols=1, tiles=(32, 16), seed=3, num_splits=2)  # fmt: skip
     p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2, page_guard=guard)
+    _assert_same_bits_under(p, [dict(cfg, kv_offsets=1), dict(cfg, kv_offsets=2)])
+
+
+def _assert_same_bits_under(p, overrides: list[dict]) -> None:
+    """The built batch ``p`` run under each config override (outputs NaN-poisoned first): every run close to the
+    reference, and all of them bitwise equal."""
+    spec = p.spec
     t, hq = p.q.shape[:2]
-    got = []
-    for width in (1, 2):
-        out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
-        lse = torch.full((t, hq), float("nan"), device=p.q.device)
-        with attention_config_override(BLOCK_M=32, BLOCK_N=16, num_splits=2, page_guard=guard, kv_offsets=width):
-            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
-        got.append((out, lse))
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     n = p.num_real_tokens
-    for out, lse in got:
+    got = []
+    for cfg in overrides:
+        out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
+        lse = torch.full((t, hq), float("nan"), device=p.q.device)
+        with attention_config_override(**cfg):
+            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
         assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
-    assert torch.equal(got[0][0][:n], got[1][0][:n]) and torch.equal(got[0][1][:n], got[1][1][:n])
+        got.append((out, lse))
+    for out, lse in got[1:]:
+        assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
 
 
 @pytest.mark.parametrize("guard", [1, 2])
@@ -529,18 +537,8 @@ def test_scores_one_tile_ahead_give_the_same_bits(guard):
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=False, spare_pages=2,
                 extra_cols=1, tiles=(32, 16), seed=13)  # fmt: skip
     p = build(spec, DEVICE)
-    t, hq = p.q.shape[:2]
-    got = []
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, page_guard=guard)
     for ahead in (1, 2):
-        out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
-        lse = torch.full((t, hq), float("nan"), device=p.q.device)
-        with attention_config_override(BLOCK_M=32, BLOCK_N=16, page_guard=guard, qk_ahead=ahead):
-            lp = _launch_plan(p)
-            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
-        assert lp.constexprs["QK_AHEAD"] == (ahead == 2)
-        got.append((out, lse))
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
-    n = p.num_real_tokens
-    for out, lse in got:
-        assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
-    assert torch.equal(got[0][0][:n], got[1][0][:n]) and torch.equal(got[0][1][:n], got[1][1][:n])
+        with attention_config_override(**cfg, qk_ahead=ahead):
+            assert _launch_plan(p).constexprs["QK_AHEAD"] == (ahead == 2)
+    _assert_same_bits_under(p, [dict(cfg, qk_ahead=1), dict(cfg, qk_ahead=2)])

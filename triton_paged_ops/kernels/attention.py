@@ -310,6 +310,14 @@ def _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE: tl.con
 
 
 @triton.jit
+def _enter_leaf(leaf, cur_leaf, acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
+    """Before a tile of leaf ``leaf``: if the softmax state holds another leaf, fold it (``_close_leaf``)."""
+    if leaf != cur_leaf:
+        acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE)
+    return acc, m_i, l_i, out_f, m_f, t_f, leaf
+
+
+@triton.jit
 def _attend_tiles(
     acc, m_i, l_i, out_f, m_f, t_f, cur_leaf, leaf_len, v_scale_ptr, q, lo, hi, full_lo, full_hi, k_cache_ptr,
     v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
@@ -395,11 +403,10 @@ def _attend_tiles(
                         page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                     else:
                         tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N)
-                    if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
-                        if start_n // leaf_len != cur_leaf:
-                            acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr,
-                                                                         HAS_V_SCALE)  # fmt: skip
-                            cur_leaf = start_n // leaf_len
+                    if LEAVES > 1:
+                        acc, m_i, l_i, out_f, m_f, t_f, cur_leaf = _enter_leaf(
+                            start_n // leaf_len, cur_leaf, acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE
+                        )
                     acc, m_i, l_i = _attend_tile(
                         acc, m_i, l_i, q, start_n, tile_page, k_src, v_src, kv_head, kv_len, num_pages,
                         q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
@@ -411,11 +418,10 @@ def _attend_tiles(
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
         for start_n in tl.range(mid_hi, hi, BLOCK_N, num_stages=1):
-            if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
-                if start_n // leaf_len != cur_leaf:
-                    acc, m_i, l_i, out_f, m_f, t_f = _close_leaf(acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr,
-                                                                 HAS_V_SCALE)  # fmt: skip
-                    cur_leaf = start_n // leaf_len
+            if LEAVES > 1:
+                acc, m_i, l_i, out_f, m_f, t_f, cur_leaf = _enter_leaf(
+                    start_n // leaf_len, cur_leaf, acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE
+                )
             acc, m_i, l_i = _attend_tile(
                 acc, m_i, l_i, q, start_n, _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N), k_cache_ptr,
                 v_cache_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
