@@ -687,55 +687,29 @@ def _attend_block(
         # Segment 0 holds the sink even when a window skips its keys.
         first_seg = 0 if HAS_SINKS else (kv_lo // segment_len) * segment_len
         for seg_lo in range(first_seg, kv_hi, segment_len):
-            if LEAVES > 1:  # noqa: SIM102 (a compile-time if around a run-time one)
-                o_seg, lse_seg = _attend_leaves(
-                    q, seg_lo, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), segment_len,
-                    full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, q_head,
-                    row_valid, qk_scale, softcap, window_left, alibi_slope, sinks_ptr, v_scale_ptr,
-                    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-                    HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
-                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION,
-                    PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
-                )  # fmt: skip
-            else:
-                acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD,
-                                               HAS_SINKS)  # fmt: skip
-                acc, m_i, l_i = _attend_range(
-                    acc, m_i, l_i, q, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), full_lo,
-                    full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid,
-                    qk_scale, softcap, window_left, alibi_slope,
-                    stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-                    HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-                    IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES,
-                    NARROW_OFFSETS, KV_DESC,
-                )  # fmt: skip
-                o_seg, lse_seg = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+            o_seg, lse_seg = _attend_segment(
+                q, seg_lo, tl.maximum(seg_lo, kv_lo), tl.minimum(seg_lo + segment_len, kv_hi), segment_len, full_lo,
+                full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, q_head, row_valid,
+                qk_scale, softcap, window_left, alibi_slope, sinks_ptr, v_scale_ptr,
+                stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+                HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, PAGES_AHEAD,
+                CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
+            )  # fmt: skip
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
             out = _fold_out(out, o_seg, alpha[:, None], beta[:, None])
         total_safe, lse2 = _fold_result(m_fold, total)
         out = out / total_safe[:, None]
-    elif LEAVES > 1:
-        # Batch-invariant mode, one fixed segment per program: the in-order fold of its leaves.
-        seg_lo = split * segment_len
-        out, lse2 = _attend_leaves(
-            q, seg_lo, kv_lo, kv_hi, segment_len, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head,
-            kv_len, num_pages, q_pos, q_head, row_valid, qk_scale, softcap, window_left, alibi_slope, sinks_ptr,
-            v_scale_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
+    else:
+        # One segment (all keys when nothing splits); sinks count in the one starting at key 0.
+        out, lse2 = _attend_segment(
+            q, split * segment_len, kv_lo, kv_hi, segment_len, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr,
+            kv_head, kv_len, num_pages, q_pos, q_head, row_valid, qk_scale, softcap, window_left, alibi_slope,
+            sinks_ptr, v_scale_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
+            stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, PAGES_AHEAD,
             CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
         )  # fmt: skip
-    else:
-        acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, split == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
-        acc, m_i, l_i = _attend_range(
-            acc, m_i, l_i, q, kv_lo, kv_hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
-            num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
-            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
-            KV_DESC,
-        )  # fmt: skip
-        out, lse2 = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
 
     # A segment's partial result (base-2 lse, as the reduce wants it) goes to its workspace slice; empty segments
     # write out = 0, lse = -inf.
@@ -765,7 +739,7 @@ def _attend_block(
 
 
 @triton.jit
-def _attend_leaves(
+def _attend_segment(
     q, seg_lo, lo, hi, segment_len, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
     num_pages, q_pos, q_head, row_valid, qk_scale, softcap, window_left, alibi_slope, sinks_ptr, v_scale_ptr,
     stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
@@ -775,30 +749,43 @@ def _attend_leaves(
     HAS_SINKS: tl.constexpr, HAS_V_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, PAGES_AHEAD: tl.constexpr,
     CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
-    """Batch-invariant mode: the keys [lo, hi) of the fixed segment starting at ``seg_lo``, as the in-order fold
-    of its ``LEAVES`` leaves of ``segment_len // LEAVES`` keys (each its own online softmax, normalised): the
-    operations by which the reduce folds leaves that separate programs computed, so a segment's (output, base-2
-    lse) has the same bits whoever computes its leaves. Leaves outside [lo, hi) are empty (an exact identity of the
-    fold) and skipped, except that the one at key 0 always counts: it carries the sink. One pipelined tile loop
-    runs the segment (``_attend_tiles``): a loop per leaf would refill the pipeline every few tiles."""
-    leaf_len = segment_len // LEAVES
-    out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
-    m_fold = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    """Output and base-2 lse of the keys [lo, hi) of the segment starting at ``seg_lo`` (key 0's carries the
+    sink): one online softmax, or in batch-invariant mode (``LEAVES`` > 1) the in-order fold of the fixed segment's
+    ``LEAVES`` leaves of ``segment_len // LEAVES`` keys (each its own online softmax, normalised), the operations by
+    which the reduce folds leaves that separate programs computed, so the segment's result has the same bits
+    whoever computes its leaves. Leaves outside [lo, hi) are empty (an exact identity of the fold) and skipped,
+    except that the one at key 0 always counts: it carries the sink. One pipelined tile loop runs the segment
+    (``_attend_tiles``): a loop per leaf would refill the pipeline every few tiles."""
     acc, m_i, l_i = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
-    # The first state is leaf 0's where it holds the sink (a window may skip that leaf's keys), else lo's leaf.
-    cur_leaf = (seg_lo if HAS_SINKS else lo) // leaf_len
-    acc, m_i, l_i, out, m_fold, total, cur_leaf = _attend_tiles(
-        acc, m_i, l_i, out, m_fold, total, cur_leaf, leaf_len, v_scale_ptr, q, lo, hi, full_lo, full_hi, k_cache_ptr,
-        v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
-        alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
-        HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
-        HAS_V_SCALE, LEAVES,
-    )  # fmt: skip
-    _, _, _, out, m_fold, total = _close_leaf(acc, m_i, l_i, out, m_fold, total, v_scale_ptr, HAS_V_SCALE)
-    total_safe, lse = _fold_result(m_fold, total)
-    return out / total_safe[:, None], lse
+    if LEAVES == 1:
+        acc, m_i, l_i = _attend_range(
+            acc, m_i, l_i, q, lo, hi, full_lo, full_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len,
+            num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
+            stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+            HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+            KV_DESC,
+        )  # fmt: skip
+        out, lse = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
+    else:
+        leaf_len = segment_len // LEAVES
+        out = tl.zeros([BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+        m_fold = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
+        # The first state is leaf 0's where it holds the sink (a window may skip that leaf's keys), else lo's leaf.
+        cur_leaf = (seg_lo if HAS_SINKS else lo) // leaf_len
+        acc, m_i, l_i, out, m_fold, total, cur_leaf = _attend_tiles(
+            acc, m_i, l_i, out, m_fold, total, cur_leaf, leaf_len, v_scale_ptr, q, lo, hi, full_lo, full_hi,
+            k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap,
+            window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
+            stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
+            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+            HAS_V_SCALE, LEAVES,
+        )  # fmt: skip
+        _, _, _, out, m_fold, total = _close_leaf(acc, m_i, l_i, out, m_fold, total, v_scale_ptr, HAS_V_SCALE)
+        total_safe, lse = _fold_result(m_fold, total)
+        out = out / total_safe[:, None]
+    return out, lse
 
 
 @triton.jit

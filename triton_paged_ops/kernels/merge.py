@@ -187,7 +187,7 @@ def _reduce_splits_kernel(
 
     ``SEQUENTIAL`` (batch-invariant mode) folds segment after segment in order with ``_fold_step`` (``BLOCK_S``
     segments loaded per step); with ``FOLD_GROUP`` > 1 the partials are leaves, and each run of ``FOLD_GROUP`` is
-    folded into its fixed segment's result first (as ``_attend_leaves`` does in one program). Otherwise all
+    folded into its fixed segment's result first (as ``_attend_segment`` does in one program). Otherwise all
     segments are weighted at once, and a segment whose lse is -inf (an empty segment program stores nothing else)
     has its output read as zeros. ``WAIT_PRIOR``: launched as a
     programmatic dependent of the attention kernel, so the program may be resident before that kernel ends; it waits
