@@ -214,31 +214,41 @@ def _reduce_splits_kernel(
         offs_s = tl.arange(0, BLOCK_S)
         lse_grp, out_grp = _load_segments(part_out_ptr, part_lse_ptr, 0, offs_s, offs_d, d_mask, num_splits,
                                           stride_po_s, stride_pl_s)  # fmt: skip
-        # (A fixed segment's leaves, FOLD_GROUP > 1: BLOCK_S is a multiple of FOLD_GROUP, so no group spans steps.)
-        m_in = tl.full([], float("-inf"), dtype=tl.float32)
-        total_in = tl.zeros([], dtype=tl.float32)
-        out_in = tl.zeros([BLOCK_D], dtype=tl.float32)
         for s0 in range(0, num_splits, BLOCK_S):
             lse_next, out_next = _load_segments(part_out_ptr, part_lse_ptr, s0 + BLOCK_S, offs_s, offs_d, d_mask,
                                                 num_splits, stride_po_s, stride_pl_s)  # fmt: skip
-            for g in tl.static_range(BLOCK_S):
-                lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
-                o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
-                # (Padding past num_splits is empty: no change.)
-                if FOLD_GROUP == 1:
+            if FOLD_GROUP == 1:
+                for g in tl.static_range(BLOCK_S):
+                    lse_s = tl.max(tl.where(offs_s == g, lse_grp, float("-inf")), 0)
+                    o_s = tl.sum(tl.where((offs_s == g)[:, None], out_grp, 0.0), 0)
+                    # (Padding past num_splits is empty: no change.)
                     m, total, alpha, beta = _fold_step(m, total, lse_s)
                     out = _fold_out(out, o_s, alpha, beta)
-                else:
-                    if g % FOLD_GROUP == 0:
-                        m_in = tl.full([], float("-inf"), dtype=tl.float32)
-                        total_in = tl.zeros([], dtype=tl.float32)
-                        out_in = tl.zeros([BLOCK_D], dtype=tl.float32)
-                    m_in, total_in, alpha, beta = _fold_step(m_in, total_in, lse_s)
-                    out_in = _fold_out(out_in, o_s, alpha, beta)
-                    if g % FOLD_GROUP == FOLD_GROUP - 1:
-                        total_in_safe, lse_seg = _fold_result(m_in, total_in)
-                        m, total, alpha, beta = _fold_step(m, total, lse_seg)
-                        out = _fold_out(out, out_in / total_in_safe, alpha, beta)
+            else:
+                # A fixed segment's leaves (BLOCK_S is a multiple of FOLD_GROUP: no segment spans two steps). The
+                # step's segments fold their leaves side by side, as vectors across segments (each value sees the
+                # same operations in the same order as one at a time), then their results fold in order: a chain of
+                # FOLD_GROUP + BLOCK_S / FOLD_GROUP steps instead of BLOCK_S + BLOCK_S / FOLD_GROUP.
+                SEGS: tl.constexpr = BLOCK_S // FOLD_GROUP
+                lse3 = tl.reshape(lse_grp, [SEGS, FOLD_GROUP])
+                out3 = tl.reshape(out_grp, [SEGS, FOLD_GROUP, BLOCK_D])
+                offs_j = tl.arange(0, FOLD_GROUP)
+                m_in = tl.full([SEGS], float("-inf"), dtype=tl.float32)
+                total_in = tl.zeros([SEGS], dtype=tl.float32)
+                out_in = tl.zeros([SEGS, BLOCK_D], dtype=tl.float32)
+                for j in tl.static_range(FOLD_GROUP):
+                    lse_j = tl.max(tl.where(offs_j[None, :] == j, lse3, float("-inf")), 1)
+                    o_j = tl.sum(tl.where((offs_j == j)[None, :, None], out3, 0.0), 1)
+                    m_in, total_in, alpha, beta = _fold_step(m_in, total_in, lse_j)
+                    out_in = _fold_out(out_in, o_j, alpha[:, None], beta[:, None])
+                total_in_safe, lse_segs = _fold_result(m_in, total_in)
+                out_segs = out_in / total_in_safe[:, None]
+                offs_g = tl.arange(0, SEGS)
+                for g in tl.static_range(SEGS):
+                    lse_g = tl.max(tl.where(offs_g == g, lse_segs, float("-inf")), 0)
+                    o_g = tl.sum(tl.where((offs_g == g)[:, None], out_segs, 0.0), 0)
+                    m, total, alpha, beta = _fold_step(m, total, lse_g)
+                    out = _fold_out(out, o_g, alpha, beta)
             lse_grp, out_grp = lse_next, out_next
         total_safe, lse = _fold_result(m, total)
         out = out / total_safe
@@ -299,7 +309,8 @@ def reduce_plan(
     log); ``sequential``: fold the segments in order (batch-invariant mode), ``fold_group`` leaves per fixed
     segment (a power of two); ``dependent``: launch as a programmatic dependent of the kernel before it
     (``dependent_launch_supported`` devices only)."""
-    block_s = max(8, fold_group) if sequential else max(2, triton.next_power_of_2(num_splits))
+    # (Leaves: four segments' worth per step, folded side by side.)
+    block_s = max(8, 4 * fold_group) if sequential else max(2, triton.next_power_of_2(num_splits))
     want_lse = lse_strides is not None
     tail = (num_seqs, num_splits, *part_out_strides, *part_lse_strides, *out_strides,
             *(lse_strides if want_lse else part_lse_strides[1:]))  # fmt: skip
