@@ -15,7 +15,7 @@ import sys
 import torch
 
 from triton_paged_ops import checks
-from triton_paged_ops.bench import Case, build_inputs, call_layer_times_us, finish, host_time_us
+from triton_paged_ops.bench import Case, build_inputs, call_layer_times_us, decode_loop_times_us, finish, host_time_us
 from triton_paged_ops.kernels.attention import _launch_paged_attention
 
 
@@ -47,6 +47,7 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     launch_args = (q, k, v, bt, cu, sl, max_q, max_k, scale, True, -1, 0.0, None, None, None, None, None, out, None)
     res = {
         **call_layer_times_us(inp.args, out, calls),
+        **decode_loop_times_us(inp.args, out, calls),
         "first_call_checks": host_time_us(
             lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls
         ),

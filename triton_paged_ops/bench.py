@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import math
 import subprocess
 from collections.abc import Callable
@@ -209,13 +210,14 @@ def sdpa_dense_us(case: Case, seed: int) -> float:
     return time_graph(lambda: [sdpa(q, k, v, **kw) for q, k, v, kw in calls])
 
 
-def host_time_us(fn, calls: int = 200, warmup: int = 10, repeats: int = 15) -> float:
+def host_time_us(fn, calls: int = 200, warmup: int = 10, repeats: int = 15, runs: list | None = None) -> float:
     """Host (CPU) time of one ``fn()`` in µs: the median over ``repeats`` runs of the mean of ``calls`` back-to-back
     calls. Each run starts on an idle device and stops its clock before waiting for it; ``calls`` launches stay
     well below the launch queue's depth, so the host never waits for the device and the figure is the CPU-side cost
     whatever the kernels' own duration (a cold, clocked-down GPU made earlier wall-time figures read high).
     The median, because a shared host's hiccups skew single runs; one more run comes first and is dropped (the first
-    timed run in a process read 31-57 µs where the next read 19-36 on an H200 host)."""
+    timed run in a process read 31-57 µs where the next read 19-36 on an H200 host). ``runs``, if given, receives
+    every kept run's figure (e.g. for its minimum: the cost with the fewest interruptions)."""
     import statistics
     import time
 
@@ -223,25 +225,57 @@ def host_time_us(fn, calls: int = 200, warmup: int = 10, repeats: int = 15) -> f
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     for _ in range(warmup):
         fn()
-    runs = []
+    times = []
     for _ in range(repeats + 1):
         sync()
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        runs.append((time.perf_counter() - start) / calls * 1e6)
+        times.append((time.perf_counter() - start) / calls * 1e6)
     sync()
-    return statistics.median(runs[1:])
+    if runs is not None:
+        runs.extend(times[1:])
+    return statistics.median(times[1:])
+
+
+def _median_and_min(name: str, fn, calls: int) -> dict[str, float]:
+    runs: list[float] = []
+    return {name: host_time_us(fn, calls, runs=runs), f"{name}_min": min(runs)}
 
 
 def call_layer_times_us(args: tuple, out: torch.Tensor, calls: int = 200) -> dict[str, float]:
     """Host time of one repeated ``paged_attention_out(*args, out=out)`` call through each layer, outside in: the
-    typed wrapper, the ``torch.ops`` dispatch, and the op body alone (see ``host_time_us``)."""
+    typed wrapper, the ``torch.ops`` dispatch, and the op body alone (see ``host_time_us``: median, and ``_min``
+    the fastest run)."""
     return {
-        "api_wrapper": host_time_us(lambda: api.paged_attention_out(*args, out=out), calls),
-        "torch_ops_call": host_time_us(lambda: torch.ops.tpa.paged_attention_out(*args, out=out), calls),
-        "op_body": host_time_us(lambda: ops._attention(*args, out=out, op="paged_attention_out", fake=False), calls),
+        **_median_and_min("api_wrapper", lambda: api.paged_attention_out(*args, out=out), calls),
+        **_median_and_min("torch_ops_call", lambda: torch.ops.tpa.paged_attention_out(*args, out=out), calls),
+        **_median_and_min(
+            "op_body", lambda: ops._attention(*args, out=out, op="paged_attention_out", fake=False), calls
+        ),
     }
+
+
+def decode_loop_times_us(args: tuple, out: torch.Tensor, calls: int = 200, window: int = 1024) -> dict[str, float]:
+    """Host time of the typed wrapper called as a decode loop calls it: ``max_seqlen_k`` one larger each call, from
+    the given one over ``window`` steps, then again from the start with the prepared launches forgotten, so every
+    pass plans as often as a real loop does (median and fastest run, as ``call_layer_times_us``). The block table
+    is widened to allow the larger bounds."""
+    q, k_cache, v_cache, block_table, cu, seq_lens, max_q, max_k, scale = args
+    page = k_cache.shape[1]
+    # Extra columns point at page 0: never read, the keys past each sequence's length are masked.
+    wide = torch.zeros(block_table.shape[0], block_table.shape[1] + -(-window // page), dtype=block_table.dtype,
+                       device=block_table.device)  # fmt: skip
+    wide[:, : block_table.shape[1]] = block_table
+    steps = itertools.cycle(range(max_k, max_k + window))
+
+    def decode_step():
+        m = next(steps)
+        if m == max_k:
+            ops.PREPARED.clear()
+        api.paged_attention_out(q, k_cache, v_cache, wide, cu, seq_lens, max_q, m, scale, out=out)
+
+    return _median_and_min("decode_loop", decode_step, calls)
 
 
 def host_overhead_us(calls: int = 200) -> float:

@@ -22,6 +22,7 @@ from triton_paged_ops.kernels.attention import (
 )
 from triton_paged_ops.kernels.cache import _launch_reshape_and_cache
 from triton_paged_ops.kernels.merge import _launch_merge_attn_states
+from triton_paged_ops.plan import key_bound
 
 # Fixed when the kernels were defined: @triton.jit reads TRITON_INTERPRET at decoration time.
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
@@ -150,7 +151,7 @@ def direct_attention_ok(tensors: tuple, ints: tuple, floats: tuple, flags: tuple
 
 
 def _meta(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
@@ -158,23 +159,29 @@ def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, ma
                 batch_invariant, out, lse) -> tuple | None:  # fmt: skip
     """Everything the checks and the launch plan read (metadata and host values), or None when the call cannot be
     keyed (a non-tensor argument: the full path names it, or the reference path). Equal keys mean the checks
-    passed before and the same launch plan applies: only the tensors' addresses differ."""
+    passed before and the same launch plan applies: only the tensors' addresses differ. ``max_seqlen_k`` enters
+    as its planning bound (``plan.key_bound``) and the one check that reads its exact value."""
     try:
         if not _use_kernels(q):
             return None
+        k_shape, bt_shape = k_cache.shape, block_table.shape
         return (
-            op, max_seqlen_q, max_seqlen_k, scale, causal, window_left, softcap, batch_invariant,
-            q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device,
-            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
-            cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.device,
-            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, _meta(out),
+            # The planning bound in place of the exact one, and whether the exact one fits the table (its check).
+            # q's device in full; the others' by index (an int hashes faster; -1 on the host, where only the
+            # interpreter runs kernels).
+            op, max_seqlen_q, key_bound(max_seqlen_k), 0 <= max_seqlen_k <= bt_shape[1] * k_shape[1], scale, causal,
+            window_left, softcap, batch_invariant,
+            q.shape, q.stride(), q.dtype, q.device, k_shape, k_cache.stride(), k_cache.dtype, k_cache.get_device(),
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
+            bt_shape, block_table.stride(), block_table.dtype, block_table.get_device(),
+            cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(), _meta(out),
             # Usually all absent: one None then.
             None if alibi_slopes is None and sinks is None and k_scale is None and v_scale is None
             and block_table_rows is None and lse is None
             else tuple(map(_meta, (alibi_slopes, sinks, k_scale, v_scale, block_table_rows, lse))),
         )  # fmt: skip
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, IndexError):
         return None
 
 
@@ -253,6 +260,9 @@ def _attention(
     else:
         out, lse = _new_outputs(q, v_cache, op)
     if not fake:
+        if key is not None:
+            # Planned for the bound the key holds (capped by the table, as the checks just passed for the exact one).
+            args = (*args[:7], min(key_bound(max_seqlen_k), block_table.shape[1] * k_cache.shape[1]), scale)
         prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse)
         if key is not None:
             if len(PREPARED) >= _MAX_PREPARED:

@@ -113,6 +113,18 @@ def _segments(max_seqlen_k: int, splits: int, block_n: int) -> SplitPlan:
     return SplitPlan(-(-max_seqlen_k // segment), segment)
 
 
+def key_bound(max_seqlen_k: int) -> int:
+    """``max_seqlen_k`` rounded up to a multiple of 1/32 of the next power of two (of 64 keys at least): the bound an
+    eager call plans with, so that a decode loop, whose ``max_seqlen_k`` grows by one each step, reuses one
+    prepared launch for 64 steps or more instead of planning every step. Any bound at least the true maximum gives
+    the same outputs (kernels read each sequence's length from ``seq_lens``); past 1024 keys this one adds at most
+    1/16 to the planned keys."""
+    if max_seqlen_k <= 0:
+        return max_seqlen_k
+    step = max(64, 1 << max(0, (max_seqlen_k - 1).bit_length() - 5))
+    return -(-max_seqlen_k // step) * step
+
+
 def num_sms_of(device: torch.device) -> int:
     """Streaming multiprocessors (or compute units) of ``device``; a nominal 132 elsewhere (interpreter runs)."""
     if device.type == "cuda":

@@ -18,8 +18,7 @@ and the caller takes the path above.
 
 from __future__ import annotations
 
-import functools
-import operator
+import math
 
 import torch
 import triton
@@ -34,8 +33,8 @@ _data_ptr = torch.Tensor.data_ptr
 
 def _alignment(ptrs: list[int]) -> tuple[bool, ...] | bool:
     """The addresses' 16-byte alignment as Triton specialises on it: True when all are aligned (the usual case, told
-    by one OR of the addresses), else one flag per address."""
-    if not functools.reduce(operator.or_, ptrs, 0) & 15:
+    by one C call: their greatest common divisor is a multiple of 16 exactly then), else one flag per address."""
+    if not math.gcd(*ptrs) & 15:
         return True
     return tuple([p % 16 == 0 for p in ptrs])
 
