@@ -114,14 +114,14 @@ def _segments(max_seqlen_k: int, splits: int, block_n: int) -> SplitPlan:
 
 
 def key_bound(max_seqlen_k: int) -> int:
-    """``max_seqlen_k`` rounded up to a multiple of 1/32 of the next power of two (of 64 keys at least): the bound an
+    """``max_seqlen_k`` rounded up to a multiple of 1/32 of the next power of two (of 256 keys at least): the bound an
     eager call plans with, so that a decode loop, whose ``max_seqlen_k`` grows by one each step, reuses one
-    prepared launch for 64 steps or more instead of planning every step. Any bound at least the true maximum gives
-    the same outputs (kernels read each sequence's length from ``seq_lens``); past 1024 keys this one adds at most
-    1/16 to the planned keys."""
+    prepared launch for 256 steps or more instead of planning every step (a new plan costs ~10 calls' host time).
+    Any bound at least the true maximum gives the same outputs (kernels read each sequence's length from
+    ``seq_lens``); past 4096 keys this one adds at most 1/16 to the planned keys, below that at most 255."""
     if max_seqlen_k <= 0:
         return max_seqlen_k
-    step = max(64, 1 << max(0, (max_seqlen_k - 1).bit_length() - 5))
+    step = max(256, 1 << max(0, (max_seqlen_k - 1).bit_length() - 5))
     return -(-max_seqlen_k // step) * step
 
 
