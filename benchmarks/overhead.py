@@ -4,7 +4,9 @@ Times, per call (``bench.host_time_us``: µs of host time, the median over runs 
 never wait for the device), the layers of one repeated ``paged_attention_out`` call from the outside in: the
 typed wrapper, the ``torch.ops`` dispatch, the op body (a repeat of earlier metadata: the prepared launch),
 and, for comparison, what a first call with new metadata adds: the argument checks, the launch planning
-(launcher without its kernels), and Triton's own launch path for each kernel.
+(launcher without its kernels), and Triton's own launch path for each kernel. A yardstick of the host's own
+speed comes first: one eager ``torch.add(a, b, out=c)`` on one-element device tensors (an aten op's dispatch and
+launch), so runs on hosts of different speed can be compared.
 """
 
 from __future__ import annotations
@@ -45,7 +47,10 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     q, k, v, bt, cu, sl, max_q, max_k, scale = inp.args
     out = inp.out
     launch_args = (q, k, v, bt, cu, sl, max_q, max_k, scale, True, -1, 0.0, None, None, None, None, None, out, None)
+    one = torch.ones(1, device=q.device)
+    sink = torch.empty_like(one)
     res = {
+        "aten_add_out": host_time_us(lambda: torch.add(one, one, out=sink), calls),
         **call_layer_times_us(inp.args, out, calls),
         **decode_loop_times_us(inp.args, out, calls),
         "first_call_checks": host_time_us(
