@@ -154,6 +154,11 @@ def _meta(t: torch.Tensor | None) -> tuple | None:
     return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
 
 
+def _table_keys(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
+    """Keys a block-table row can address: its columns times the page size."""
+    return block_table.shape[1] * k_cache.shape[1]
+
+
 def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
                 causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
                 batch_invariant, out, lse) -> tuple | None:  # fmt: skip
@@ -164,16 +169,15 @@ def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, ma
     try:
         if not _use_kernels(q):
             return None
-        k_shape, bt_shape = k_cache.shape, block_table.shape
         return (
             # The planning bound in place of the exact one, and whether the exact one fits the table (its check).
             # q's device in full; the others' by index (an int hashes faster; -1 on the host, where only the
             # interpreter runs kernels).
-            op, max_seqlen_q, key_bound(max_seqlen_k), 0 <= max_seqlen_k <= bt_shape[1] * k_shape[1], scale, causal,
-            window_left, softcap, batch_invariant,
-            q.shape, q.stride(), q.dtype, q.device, k_shape, k_cache.stride(), k_cache.dtype, k_cache.get_device(),
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
-            bt_shape, block_table.stride(), block_table.dtype, block_table.get_device(),
+            op, max_seqlen_q, key_bound(max_seqlen_k), 0 <= max_seqlen_k <= _table_keys(k_cache, block_table), scale,
+            causal, window_left, softcap, batch_invariant,
+            q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
+            k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
+            block_table.shape, block_table.stride(), block_table.dtype, block_table.get_device(),
             cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
             seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(), _meta(out),
             # Usually all absent: one None then.
@@ -262,7 +266,7 @@ def _attention(
     if not fake:
         if key is not None:
             # Planned for the bound the key holds (capped by the table, as the checks just passed for the exact one).
-            args = (*args[:7], min(key_bound(max_seqlen_k), block_table.shape[1] * k_cache.shape[1]), scale)
+            args = (*args[:7], min(key_bound(max_seqlen_k), _table_keys(k_cache, block_table)), scale)
         prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse)
         if key is not None:
             if len(PREPARED) >= _MAX_PREPARED:
