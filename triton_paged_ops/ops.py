@@ -29,7 +29,7 @@ INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 
 
 def _use_kernels(t: torch.Tensor) -> bool:
-    return t.device.type != "cpu" or INTERPRET
+    return not t.is_cpu or INTERPRET
 
 
 # The current CUDA (or HIP) device's index; absent from builds without CUDA.
@@ -171,11 +171,11 @@ def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, ma
             return None
         return (
             # The planning bound in place of the exact one, and whether the exact one fits the table (its check).
-            # q's device in full; the others' by index (an int hashes faster; -1 on the host, where only the
+            # Devices by index (an int hashes faster than a torch.device; -1 on the host, where only the
             # interpreter runs kernels).
             op, max_seqlen_q, key_bound(max_seqlen_k), 0 <= max_seqlen_k <= _table_keys(k_cache, block_table), scale,
             causal, window_left, softcap, batch_invariant,
-            q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
+            q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
             k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
             block_table.shape, block_table.stride(), block_table.dtype, block_table.get_device(),
             cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),

@@ -119,10 +119,11 @@ def key_bound(max_seqlen_k: int) -> int:
     prepared launch for 256 steps or more instead of planning every step (a new plan costs ~10 calls' host time).
     Any bound at least the true maximum gives the same outputs (kernels read each sequence's length from
     ``seq_lens``); past 4096 keys this one adds at most 1/16 to the planned keys, below that at most 255."""
-    if max_seqlen_k <= 0:
-        return max_seqlen_k
-    step = max(256, 1 << max(0, (max_seqlen_k - 1).bit_length() - 5))
-    return -(-max_seqlen_k // step) * step
+    # (Per eager call: integer operations only. Up to 8192 keys 1/32 of the next power of two is at most 256.)
+    if max_seqlen_k <= 8192:
+        return max_seqlen_k if max_seqlen_k <= 0 else (max_seqlen_k + 255) & -256
+    step = 1 << ((max_seqlen_k - 1).bit_length() - 5)
+    return (max_seqlen_k + step - 1) & -step
 
 
 def num_sms_of(device: torch.device) -> int:

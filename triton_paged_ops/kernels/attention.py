@@ -1533,9 +1533,11 @@ def run_attention_launch(
             ptr_out = out.data_ptr()
             ptr_lse = lse.data_ptr() if lse is not None else ptr_out
         ptr_rows = block_table_rows.data_ptr() if block_table_rows is not None else ptr_bt
+        # (Spelled out: a comprehension over the four optional tensors costs a frame per call.)
         ptrs = [ptr_q, k_cache.data_ptr(), v_cache.data_ptr(), ptr_out, ptr_lse, ptr_bt, ptr_rows, ptr_cu,
-                seq_lens.data_ptr()]  # fmt: skip
-        ptrs += [t.data_ptr() if t is not None else ptr_q for t in (alibi_slopes, sinks, k_scale, v_scale)]
+                seq_lens.data_ptr(), alibi_slopes.data_ptr() if alibi_slopes is not None else ptr_q,
+                sinks.data_ptr() if sinks is not None else ptr_q, k_scale.data_ptr() if k_scale is not None else ptr_q,
+                v_scale.data_ptr() if v_scale is not None else ptr_q]  # fmt: skip
         if p.merge_counts:
             counts = _scratch("merge_counts", q, p.merge_counts, torch.int32, stream, False, zero=True)
             ptr_final = out.data_ptr()
