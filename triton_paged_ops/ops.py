@@ -130,10 +130,7 @@ def direct_attention_ok(tensors: tuple, ints: tuple, floats: tuple, flags: tuple
     if _compiling() or type(tensors[0]) is not torch.Tensor:
         return False
     for t in tensors:
-        if type(t) is not torch.Tensor:
-            if t is not None:
-                return False
-        elif t.requires_grad:
+        if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
             return False
     for v in ints:
         if type(v) is not int:
