@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
-from triton_paged_ops import ops
+from triton_paged_ops import api, ops
+from triton_paged_ops.kernels import attention
 
 from .strategies import Spec, build
 
@@ -65,58 +66,78 @@ def test_three_attention_ops_agree_bitwise():
     assert torch.equal(out, out2) and torch.equal(out, out3) and torch.equal(lse2, lse3)
 
 
+def _dispatched(monkeypatch) -> list[str]:
+    """Spy on the typed wrappers' route through ``torch.ops``: the names of the ops they dispatch, in order."""
+    routed = []
+
+    def spy(name, op):
+        return lambda *args, **kwargs: routed.append(name) or op(*args, **kwargs)
+
+    for name, op in list(api._DISPATCHED.items()):
+        monkeypatch.setitem(api._DISPATCHED, name, spy(name, op))
+    return routed
+
+
 def test_typed_wrappers_skip_the_dispatcher_exactly_in_plain_eager(monkeypatch):
-    """The typed wrappers call the op body themselves only when ``torch.ops`` would do nothing but call it, and
-    both routes give the same bits."""
+    """The typed wrappers run the op without ``torch.ops`` (a prepared launch or the op body) only when ``torch.ops``
+    would do nothing but call the body, and both routes give the same bits, first calls and repeats alike."""
     p = build(spec(use_sinks=True, seed=11), DEVICE)
     want = torch.ops.tpa.paged_attention_with_lse(*p.args, **p.kwargs)
-    calls = []
-    body = ops._attention  # the dispatcher holds its own reference to the body: only the wrappers see the spy
-    monkeypatch.setattr(ops, "_attention", lambda *a, **kw: calls.append(kw["op"]) or body(*a, **kw))
+    routed = _dispatched(monkeypatch)
 
     def run(*args, **kwargs) -> list[str]:
-        calls.clear()
-        out, lse = tpa.paged_attention_with_lse(*args, **{**p.kwargs, **kwargs})
-        assert torch.equal(out.detach(), want[0]) and torch.equal(lse, want[1])
-        return list(calls)
+        routed.clear()
+        for _ in range(2):  # a first call and a repeat (the prepared launch)
+            out, lse = tpa.paged_attention_with_lse(*args, **{**p.kwargs, **kwargs})
+            assert torch.equal(out.detach(), want[0]) and torch.equal(lse, want[1])
+        return list(routed)
 
-    assert run(*p.args) == ["paged_attention_with_lse"]
+    attention.PREPARED.clear()
+    assert run(*p.args) == []
     out = torch.full_like(want[0], float("nan"))
     tpa.paged_attention_out(*p.args, **p.kwargs, out=out)
-    assert calls[-1] == "paged_attention_out" and torch.equal(out, want[0])
-    assert torch.equal(tpa.paged_attention(*p.args, **p.kwargs), want[0]) and calls[-1] == "paged_attention"
-    # Not plain eager: a tensor that needs a gradient (with or without grad mode), a torch function mode, the
-    # profiler (which then records the op). Each goes through torch.ops.
+    assert routed == [] and torch.equal(out, want[0])
+    assert torch.equal(tpa.paged_attention(*p.args, **p.kwargs), want[0]) and routed == []
+    # Not plain eager: a tensor that needs a gradient (with or without grad mode), a tensor subclass, a torch
+    # function mode, the profiler (which then records the op). Each goes through torch.ops, also where a plain
+    # call with the same metadata prepared a launch.
     q_grad = p.q.clone().requires_grad_()
-    assert run(q_grad, *p.args[1:]) == []
+    assert run(q_grad, *p.args[1:]) == ["paged_attention_with_lse"] * 2
     with torch.no_grad():
-        assert run(q_grad, *p.args[1:]) == []
+        assert run(q_grad, *p.args[1:]) == ["paged_attention_with_lse"] * 2
+    sinks = torch.nn.Parameter(p.kwargs["sinks"], requires_grad=False)
+    assert run(*p.args, sinks=sinks) == ["paged_attention_with_lse"] * 2
     with torch.device(DEVICE):
-        assert run(*p.args) == []
+        assert run(*p.args) == ["paged_attention_with_lse"] * 2
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        assert run(*p.args) == []
+        assert run(*p.args) == ["paged_attention_with_lse"] * 2
     assert any("tpa::paged_attention_with_lse" in e.key for e in prof.key_averages())
+    # A launch prepared through torch.ops from a non-plain tensor is not one the wrappers may repeat directly.
+    attention.PREPARED.clear()
+    assert run(q_grad, *p.args[1:]) == ["paged_attention_with_lse"] * 2
+    assert run(*p.args) == []
     # Fake tensors: the fake implementation answers through torch.ops.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in p.args]
-        calls.clear()
+        routed.clear()
         out, lse = tpa.paged_attention_with_lse(*fake, **p.kwargs)
-        assert calls == [] and out.shape == want[0].shape and lse.shape == want[1].shape
+        assert routed == ["paged_attention_with_lse"] and out.shape == want[0].shape and lse.shape == want[1].shape
 
 
 def test_scalars_of_other_types_take_the_dispatcher(monkeypatch):
-    """An int scale (which the schema converts to float) is the dispatcher's to convert."""
+    """An int scale (which the schema converts to float) is the dispatcher's to convert, also where a float scale
+    of the same value prepared a launch."""
     p = build(spec(seed=12), DEVICE)
-    calls = []
-    body = ops._attention
-    monkeypatch.setattr(ops, "_attention", lambda *a, **kw: calls.append(kw["op"]) or body(*a, **kw))
-    got = tpa.paged_attention(*p.args[:8], 1, **p.kwargs)
-    assert calls == [] and torch.equal(got, torch.ops.tpa.paged_attention(*p.args[:8], 1.0, **p.kwargs))
-    assert calls == []
-    tpa.paged_attention(*p.args[:8], 1.0, **p.kwargs)
-    assert calls == ["paged_attention"]
+    routed = _dispatched(monkeypatch)
+    want = torch.ops.tpa.paged_attention(*p.args[:8], 1.0, **p.kwargs)
+    for _ in range(2):
+        assert torch.equal(tpa.paged_attention(*p.args[:8], 1, **p.kwargs), want)
+        assert routed == ["paged_attention"]
+        routed.clear()
+        assert torch.equal(tpa.paged_attention(*p.args[:8], 1.0, **p.kwargs), want)
+        assert routed == []
 
 
 def test_compiled_typed_wrapper_keeps_the_op_in_the_graph():

@@ -1,5 +1,5 @@
 """Typed, documented Python faces of the ``torch.ops.tpa`` ops (each runs the op of the same name; see
-``ops.direct_attention_ok`` for when the attention ops skip the dispatcher)."""
+``ops.direct_attention`` for when the attention ops skip the dispatcher)."""
 
 from __future__ import annotations
 
@@ -68,20 +68,21 @@ _ATTENTION_PARAMS = """
 
 
 def _attention(op: str, args: tuple, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
-    """Call attention op ``op`` with its 18 schema arguments ``args`` (and the out variant's buffers): its body
-    directly in plain eager mode (``ops.direct_attention_ok``), else through ``torch.ops``. Arguments go
+    """Call attention op ``op`` with its 18 schema arguments ``args`` (and the out variant's buffers): without the
+    dispatcher in plain eager mode (``ops.direct_attention``), else through ``torch.ops``. Arguments go
     positionally: the dispatcher parses keywords against the schema one by one (several µs per call)."""
-    tensors = (*args[:6], *args[12:17], out, lse)
-    if ops.direct_attention_ok(tensors, (args[6], args[7], args[10]), (args[8], args[11]), (args[9], args[17])):
-        return ops._attention(*args, out=out, lse=lse, op=op, fake=False)
+    done = ops.direct_attention(op, args, out, lse)
+    if done is not ops.MISS:
+        return done
     if op == "paged_attention_out":
-        return torch.ops.tpa.paged_attention_out(*args, out=out, lse=lse)
-    return _ATTENTION_OPS[op](*args)
+        return _DISPATCHED[op](*args, out=out, lse=lse)
+    return _DISPATCHED[op](*args)
 
 
-_ATTENTION_OPS = {
-    "paged_attention": torch.ops.tpa.paged_attention,
-    "paged_attention_with_lse": torch.ops.tpa.paged_attention_with_lse,
+# The ops by name, for the calls that take the dispatcher.
+_DISPATCHED = {
+    name: getattr(torch.ops.tpa, name)
+    for name in ("paged_attention", "paged_attention_with_lse", "paged_attention_out")
 }
 
 

@@ -28,6 +28,9 @@ from triton_paged_ops.plan import key_bound
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
 
 
+_debug_mode = checks.debug_mode
+
+
 def _use_kernels(t: torch.Tensor) -> bool:
     return not t.is_cpu or INTERPRET
 
@@ -100,8 +103,9 @@ def _attention_into(
     return None
 
 
-_MISS = object()
-_MAX_PREPARED = 4096
+# What ``_repeat`` returns when there is no prepared launch to repeat, and ``direct_attention`` when the call must go
+# through the dispatcher.
+MISS = object()
 
 
 def _torch_hook(module, name: str):
@@ -117,38 +121,65 @@ _jit_tracing = _torch_hook(torch._C, "_get_tracing_state")
 _profiling = _torch_hook(torch._C._autograd, "_profiler_enabled")
 
 
-def direct_attention_ok(tensors: tuple, ints: tuple, floats: tuple, flags: tuple) -> bool:
-    """Whether the typed wrappers may call an attention op's body directly: True only when ``torch.ops`` would do
-    nothing but call that body with these very arguments, which is the plain eager case: not compiling or tracing
-    (dynamo reads ``is_compiling()`` as True and keeps the op in its graph), no torch function or dispatch mode
-    (fake tensors, functionalization, ``with torch.device``), no functorch transform, no profiler (the dispatcher
-    records the op), plain ``torch.Tensor``s (no subclass) that need no gradient (the dispatcher would attach an
-    autograd error node), no meta tensors, and Python ``int``/``float``/``bool`` scalars (what the dispatcher
-    converts or refuses otherwise). ``tensors`` may hold None for absent optional tensors. The dispatcher costs
-    ~6 µs of a ~26 µs eager decode call on an H200 host; it bumps no version counter for these ops, so skipping it
-    changes nothing else."""
-    if _compiling() or type(tensors[0]) is not torch.Tensor:
-        return False
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or t.requires_grad):
-            return False
-    for v in ints:
-        if type(v) is not int:
-            return False
-    for v in floats:
-        if type(v) is not float:
-            return False
-    for v in flags:
-        if type(v) is not bool:
-            return False
+def _plain_eager(args: tuple) -> bool:
+    """Whether ``torch.ops`` would do nothing but call an attention op's body on its 18 schema arguments ``args``, as
+    far as the process state and the host values tell: not compiling or tracing (dynamo reads ``is_compiling()`` as
+    True and keeps the op in its graph), no torch function or dispatch mode (fake tensors, functionalization, ``with
+    torch.device``), no functorch transform, no profiler (the dispatcher records the op), and Python
+    ``int``/``float``/``bool`` scalars (what the dispatcher converts or refuses otherwise). The tensors are
+    ``_plain_tensors``' to judge (or a prepared launch's matcher's)."""
+    # (Spelled out: loops over tuples of the scalars cost as much as all the hooks together.)
     return not (
-        tensors[0].is_meta or _dispatch_modes() or _function_modes() or _functorch_active()
-        or _jit_tracing() is not None or _profiling()
+        type(args[6]) is not int or type(args[7]) is not int or type(args[10]) is not int
+        or type(args[8]) is not float or type(args[11]) is not float or type(args[9]) is not bool
+        or type(args[17]) is not bool or _compiling() or _dispatch_modes() or _function_modes()
+        or _functorch_active() or _jit_tracing() is not None or _profiling()
     )  # fmt: skip
 
 
-def _meta(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.get_device())
+def _plain_tensors(tensors: tuple) -> bool:
+    """Plain ``torch.Tensor``s (no subclass) that need no gradient (the dispatcher would attach an autograd error
+    node), not on the meta device; None for absent optional tensors."""
+    if type(tensors[0]) is not torch.Tensor or tensors[0].is_meta:
+        return False
+    return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
+
+
+def direct_attention(op: str, args: tuple, out: torch.Tensor | None, lse: torch.Tensor | None):
+    """An attention op's result computed without the dispatcher (a prepared launch repeated, or the op body), or
+    ``MISS`` when only ``torch.ops`` may run this call. ``args``: the 18 schema arguments. The dispatcher costs
+    ~6 µs of an eager decode call; it bumps no version counter for these ops, so skipping it changes nothing else
+    where ``_plain_eager`` and ``_plain_tensors`` (or the matched launch's ``direct``) hold."""
+    if not _plain_eager(args):
+        return MISS
+    done = _repeat(op, *args, out, lse, True)
+    if done is not MISS:
+        return done
+    if not _plain_tensors((*args[:6], *args[12:17], out, lse)):
+        return MISS
+    return _attention(*args, out=out, lse=lse, op=op, fake=False)
+
+
+_NOTHING_OPTIONAL = (True,) * 6
+
+
+def _lookup(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant, out,
+            lse) -> tuple[tuple, tuple]:  # fmt: skip
+    """A call's prepared-launch key: host values (with ``max_seqlen_k``'s planning bound, ``plan.key_bound``, and
+    which optional tensors are absent), and the tensors a matcher compares (the present ones, in schema order)."""
+    absent = (alibi_slopes is None, sinks is None, k_scale is None, v_scale is None, block_table_rows is None,
+              lse is None)  # fmt: skip
+    host = (op, q.shape, max_seqlen_q, key_bound(max_seqlen_k), scale, causal, window_left, softcap, batch_invariant,
+            absent)  # fmt: skip
+    if out is None:
+        tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
+    else:
+        tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out)
+    if absent != _NOTHING_OPTIONAL:
+        optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows, lse)
+        tensors += tuple([t for t in optional if t is not None])
+    return host, tensors
 
 
 def _table_keys(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
@@ -156,34 +187,36 @@ def _table_keys(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
     return block_table.shape[1] * k_cache.shape[1]
 
 
-def _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-                causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
-                batch_invariant, out, lse) -> tuple | None:  # fmt: skip
-    """Everything the checks and the launch plan read (metadata and host values), or None when the call cannot be
-    keyed (a non-tensor argument: the full path names it, or the reference path). Equal keys mean the checks
-    passed before and the same launch plan applies: only the tensors' addresses differ. ``max_seqlen_k`` enters
-    as its planning bound (``plan.key_bound``) and the one check that reads its exact value."""
+def _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant, out, lse,
+            direct: bool = False):  # fmt: skip
+    """Run the launch an earlier successful call with the same metadata prepared, on these tensors, and return the
+    op's result; ``MISS`` (nothing done) when there is none, or the call needs the full path (debug mode, another
+    current device, ``max_seqlen_k`` past the block table's reach, or ``direct`` and a launch not prepared from
+    plain tensors).
+
+    The host key holds ``max_seqlen_k``'s planning bound (``plan.key_bound``) instead of its value, so a decode loop
+    whose bound grows by one per step keeps hitting; the entry's capacity stands in for the check of the value."""
+    if _debug_mode():
+        return MISS
     try:
-        if not _use_kernels(q):
-            return None
-        return (
-            # The planning bound in place of the exact one, and whether the exact one fits the table (its check).
-            # Devices by index (an int hashes faster than a torch.device; -1 on the host, where only the
-            # interpreter runs kernels).
-            op, max_seqlen_q, key_bound(max_seqlen_k), 0 <= max_seqlen_k <= _table_keys(k_cache, block_table), scale,
-            causal, window_left, softcap, batch_invariant,
-            q.shape, q.stride(), q.dtype, q.get_device(), k_cache.shape, k_cache.stride(), k_cache.dtype,
-            k_cache.get_device(), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.get_device(),
-            block_table.shape, block_table.stride(), block_table.dtype, block_table.get_device(),
-            cu_seqlens_q.shape, cu_seqlens_q.stride(), cu_seqlens_q.dtype, cu_seqlens_q.get_device(),
-            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.get_device(), _meta(out),
-            # Usually all absent: one None then.
-            None if alibi_slopes is None and sinks is None and k_scale is None and v_scale is None
-            and block_table_rows is None and lse is None
-            else tuple(map(_meta, (alibi_slopes, sinks, k_scale, v_scale, block_table_rows, lse))),
-        )  # fmt: skip
-    except (AttributeError, TypeError, IndexError):
-        return None
+        entry = PREPARED.find(*_lookup(
+            op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant, out, lse,
+        ))  # fmt: skip
+    except (AttributeError, TypeError):  # not a tensor, not an int
+        return MISS
+    if (
+        entry is None or not 0 <= max_seqlen_k <= entry.capacity or (direct and not entry.direct)
+        or _foreign_device(q) is not None
+    ):  # fmt: skip
+        return MISS
+    if op != "paged_attention_out":
+        out, lse = _new_outputs(q, v_cache, op)
+    if entry.value is not None:
+        optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
+        run_attention_launch(entry.value, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out, lse)
+    return _result(op, out, lse)
 
 
 # The three attention ops share one argument list. The out variant takes its buffers keyword-only (like aten's
@@ -229,9 +262,15 @@ def _attention(
     """Body of all three attention ops, real (``fake=False``) and fake: same checks, same output allocation.
 
     A real call whose metadata (shapes, strides, dtypes, devices, host values) equals an earlier successful call's
-    skips the checks and the launch planning and launches what that call prepared: the eager host path of a
-    serving loop's repeated shapes is then the dispatch, this key and the launch itself."""
+    skips the checks and the launch planning and launches what that call prepared (``_repeat``): the eager host
+    path of a serving loop's repeated shapes is then the dispatch, that lookup and the launch itself."""
+    out_arg = out
     if not fake:
+        done = _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
+                       scale, causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
+                       batch_invariant, out, lse)  # fmt: skip
+        if done is not MISS:
+            return done
         device = _foreign_device(q)
         if device is not None:
             with torch.cuda.device(device):
@@ -239,20 +278,6 @@ def _attention(
                 flags = (causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
                 return _attention(*tensors, max_seqlen_q, max_seqlen_k, scale, *flags, batch_invariant, out=out,
                                   lse=lse, op=op, fake=fake)  # fmt: skip
-    key = None
-    if not fake and not checks.debug_mode():
-        key = _launch_key(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
-                          scale, causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale,
-                          block_table_rows, batch_invariant, out, lse)  # fmt: skip
-        prepared = PREPARED.get(key, _MISS) if key is not None else _MISS
-        if prepared is not _MISS:
-            if op != "paged_attention_out":
-                out, lse = _new_outputs(q, v_cache, op)
-            if prepared is not None:
-                optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-                run_attention_launch(prepared, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out,
-                                     lse)  # fmt: skip
-            return _result(op, out, lse)
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
     feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
     checks.check_attention_args(*args, *feats)
@@ -261,14 +286,19 @@ def _attention(
     else:
         out, lse = _new_outputs(q, v_cache, op)
     if not fake:
-        if key is not None:
-            # Planned for the bound the key holds (capped by the table, as the checks just passed for the exact one).
-            args = (*args[:7], min(key_bound(max_seqlen_k), _table_keys(k_cache, block_table)), scale)
+        keep = not checks.debug_mode() and _use_kernels(q)
+        capacity = _table_keys(k_cache, block_table)
+        if keep:
+            # Planned for the bound the host key holds (capped by the table, as the checks passed for the exact one).
+            args = (*args[:7], min(key_bound(max_seqlen_k), capacity), scale)
         prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse)
-        if key is not None:
-            if len(PREPARED) >= _MAX_PREPARED:
-                PREPARED.clear()
-            PREPARED[key] = prepared
+        if keep:
+            host, tensors = _lookup(
+                op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
+                causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
+                batch_invariant, out_arg, lse,
+            )  # fmt: skip
+            PREPARED.add(host, tensors, prepared, capacity, _plain_tensors(tensors))
     return _result(op, out, lse)
 
 

@@ -55,6 +55,7 @@ from triton_paged_ops.plan import (
     num_sms_of,
     plan_splits,
 )
+from triton_paged_ops.prepared import PreparedLaunches
 
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
@@ -490,7 +491,7 @@ def _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE: tl.constexpr):
 _config_override: dict[str, int] = {}
 # Prepared launches by call metadata (ops.py fills it): cleared whenever what a plan depends on may change (a config
 # override entered or left, the tables reloaded).
-PREPARED: dict[tuple, PreparedLaunch | None] = {}
+PREPARED = PreparedLaunches()
 
 
 @contextlib.contextmanager
