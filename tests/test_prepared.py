@@ -16,6 +16,7 @@ from .strategies import Spec, build
 from .test_attention import assert_close_to_reference
 
 _DTYPES = (torch.float16, torch.float32, torch.int32)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @st.composite
@@ -89,8 +90,8 @@ def test_one_tensor_in_two_slots_repeats_its_prepared_launch():
 def test_optional_tensors_in_other_slots_get_their_own_launch():
     """ALiBi slopes and sinks have the same metadata ([Hq] float32): a launch prepared with one must not serve a
     call with the other."""
-    p = build(_spec(use_alibi=True, use_sinks=True), "cpu")
-    extra = torch.rand(p.q.shape[1]) - 0.5
+    p = build(_spec(use_alibi=True, use_sinks=True), DEVICE)
+    extra = torch.rand(p.q.shape[1], device=DEVICE) - 0.5
     attention.PREPARED.clear()
     for kw in ({"alibi_slopes": extra}, {"sinks": extra}, {"alibi_slopes": extra}):
         kwargs = {**p.kwargs, "alibi_slopes": None, "sinks": None, **kw}
@@ -100,19 +101,34 @@ def test_optional_tensors_in_other_slots_get_their_own_launch():
     assert len(attention.PREPARED) == 2
 
 
+@pytest.mark.parametrize("op", ["paged_attention", "paged_attention_with_lse", "paged_attention_out"])
 @pytest.mark.parametrize("python", [False, True])
-def test_repeats_match_the_full_path_with_either_matcher(monkeypatch, python):
-    """With the C++ guards or the Python matcher, repeats on new tensors give the bits of the first (full-path)
-    call, and a call whose metadata differs in one tensor is planned and checked again."""
+def test_repeats_match_the_full_path_with_either_matcher(monkeypatch, python, op):
+    """With the C++ guards or the Python matcher, each op's repeats on new tensors (and new outputs) launch what the
+    first call prepared, with the bits of that first (full-path) call; a call whose metadata differs in one tensor
+    is planned and checked again."""
     if python:
         monkeypatch.setattr(prepared, "_GUARDS", None)
-    p = build(_spec(), "cpu")
+    p = build(_spec(), DEVICE)
+    rows = p.num_real_tokens
+
+    def call(q, *args) -> tuple:
+        if op != "paged_attention_out":
+            got = getattr(tpa, op)(q, *args, **p.kwargs)
+            return got if isinstance(got, tuple) else (got,)
+        out = torch.full((*q.shape[:2], p.v_cache.shape[3]), float("nan"), dtype=q.dtype, device=q.device)
+        lse = torch.full(q.shape[:2], float("nan"), device=q.device)
+        tpa.paged_attention_out(q, *args, **p.kwargs, out=out, lse=lse)
+        return out, lse
+
     attention.PREPARED.clear()
-    first = tpa.paged_attention(*p.args, **p.kwargs)
-    again = tpa.paged_attention(p.q.clone(), *p.args[1:], **p.kwargs)
-    assert len(attention.PREPARED) == 1 and torch.equal(first, again)
+    first = call(*p.args)
+    for _ in range(2):
+        again = call(p.q.clone(), *p.args[1:])
+        assert all(torch.equal(a[:rows], b[:rows]) for a, b in zip(first, again, strict=True))
+    assert len(attention.PREPARED) == 1
     matcher = attention.PREPARED.chains[next(iter(attention.PREPARED.chains))][0].matcher
     assert isinstance(matcher, prepared.PythonMatcher) is (python or prepared._GUARDS is None)
     with pytest.raises(TypeError, match="seq_lens"):
-        tpa.paged_attention(*p.args[:5], p.args[5].long(), *p.args[6:], **p.kwargs)
+        call(*p.args[:5], p.args[5].long(), *p.args[6:])
     assert len(attention.PREPARED) == 1

@@ -264,7 +264,7 @@ def _attention(
     A real call whose metadata (shapes, strides, dtypes, devices, host values) equals an earlier successful call's
     skips the checks and the launch planning and launches what that call prepared (``_repeat``): the eager host
     path of a serving loop's repeated shapes is then the dispatch, that lookup and the launch itself."""
-    out_arg = out
+    out_arg, lse_arg = out, lse  # (the other ops allocate theirs below: the key holds what the caller passed)
     if not fake:
         done = _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
                        scale, causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
@@ -296,7 +296,7 @@ def _attention(
             host, tensors = _lookup(
                 op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
                 causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
-                batch_invariant, out_arg, lse,
+                batch_invariant, out_arg, lse_arg,
             )  # fmt: skip
             PREPARED.add(host, tensors, prepared, capacity, _plain_tensors(tensors))
     return _result(op, out, lse)
