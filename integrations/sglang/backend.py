@@ -15,7 +15,7 @@ import os
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-import triton_paged_ops  # noqa: F401  (registers torch.ops.tpa)
+import triton_paged_ops as tpa
 from triton_paged_ops.checks import FLOAT_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -179,11 +179,13 @@ class TpaAttnBackend(AttentionBackend):
         k_cache = k_buf.unsqueeze(1)
         v_cache = v_buf.unsqueeze(1)
         window = layer.sliding_window_size if layer.sliding_window_size is not None else -1
-        torch.ops.tpa.paged_attention_out(
+        # The typed wrapper: in eager mode it skips the dispatcher (~5 µs per layer), under torch.compile it puts
+        # torch.ops.tpa.paged_attention_out itself in the graph.
+        tpa.paged_attention_out(
             q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
-            float(layer.scaling), causal, int(window), float(layer.logit_cap or 0.0), None,
-            sinks.float() if sinks is not None else None, None, None, md.rows, self.batch_invariant,
-            out=o.view(-1, num_q_heads, head_dim_v),
+            float(layer.scaling), causal=causal, window_left=int(window), softcap=float(layer.logit_cap or 0.0),
+            sinks=sinks.float() if sinks is not None else None, block_table_rows=md.rows,
+            batch_invariant=self.batch_invariant, out=o.view(-1, num_q_heads, head_dim_v),
         )  # fmt: skip
         return o
 

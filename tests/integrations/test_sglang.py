@@ -139,14 +139,14 @@ def test_dense_case_in_deterministic_mode(case, monkeypatch):
     from integrations.sglang import backend as tpa_backend
 
     calls = []
-    real = torch.ops.tpa.paged_attention_out
+    real = tpa_backend.tpa.paged_attention_out
 
     def spy(*args, **kwargs):
-        calls.append(args[17])  # batch_invariant, positional after block_table_rows
+        calls.append(kwargs["batch_invariant"])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tpa_backend, "deterministic_inference", lambda runner: True)
-    monkeypatch.setattr(torch.ops.tpa, "paged_attention_out", spy)
+    monkeypatch.setattr(tpa_backend.tpa, "paged_attention_out", spy)
     with torch.no_grad():
         kit.run_dense_attention_case(_Case(), case, device=DEVICE, dtype=DTYPE)
     assert calls and all(calls)
