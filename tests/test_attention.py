@@ -279,7 +279,7 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
                 assert plan.constexprs["MERGE_IN_KERNEL"] == (merge == 2 and plan.split.num_splits > 1)
                 assert plan.split.num_splits == ((22 if merge == 1 else 11) if invariant else num_splits)
                 # Every segment index must be written by this run (partial or lse = -inf), not left from the last.
-                kept = attention._scratch_buffers().get(("workspace", p.q.device))
+                kept = attention._scratch_buffers().get(("workspace", p.q.get_device()))
                 if kept is not None:
                     kept.fill_(float("nan"))
                 got[merge, order] = run_out_variant(p, batch_invariant=invariant)

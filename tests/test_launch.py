@@ -401,7 +401,7 @@ def test_segments_past_a_sequence_end_leave_their_outputs_unread(invariant):
         first = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
         (plan,) = attention.PREPARED.values()
         assert plan.plan.split.num_splits >= 4 and plan.reduce is not None
-        attention._scratch_buffers()[("workspace", p.q.device)].fill_(float("nan"))
+        attention._scratch_buffers()[("workspace", p.q.get_device())].fill_(float("nan"))
         again = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
     rows = p.num_real_tokens
     for out, lse in (first, again):

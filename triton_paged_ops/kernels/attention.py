@@ -1351,11 +1351,11 @@ def _default_stream(device_index: int) -> int:
 
 def _kept_on(stream: int | None, like: torch.Tensor) -> bool:
     """Whether launches on ``stream`` (None: the interpreter) reuse kept scratch buffers: only the default one."""
-    return stream is None or stream == _default_stream(like.device.index)
+    return stream is None or stream == _default_stream(like.get_device())
 
 
 def _scratch_buffers() -> dict[tuple, torch.Tensor]:
-    """This thread's kept scratch buffers by (kind, device)."""
+    """This thread's kept scratch buffers by (kind, device index)."""
     buffers = getattr(_LOCAL, "buffers", None)
     if buffers is None:
         buffers = _LOCAL.buffers = {}
@@ -1370,7 +1370,7 @@ def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: 
     if fresh or not _kept_on(stream, like):
         return like.new_zeros(n, dtype=dtype) if zero else like.new_empty(n, dtype=dtype)
     buffers = _scratch_buffers()
-    key = (kind, like.device)
+    key = (kind, like.get_device())  # (a device index: cheaper to get and hash than a torch.device, per call)
     buf = buffers.get(key)
     if buf is None or buf.numel() < n:
         # The old buffer is dropped: launches queued on the stream that still use it run before any reuse.
@@ -1393,10 +1393,10 @@ def _workspace(q: torch.Tensor, lse_elems: int, out_elems: int, stream: int | No
     views = getattr(_LOCAL, "views", None)
     if views is None:
         views = _LOCAL.views = {}
-    entry = views.get(q.device)
+    entry = views.get(q.get_device())
     if entry is None or entry[0] is not buf:
         # A new buffer: the old one's views go with it.
-        entry = views[q.device] = (buf, {})
+        entry = views[q.get_device()] = (buf, {})
     out_view = entry[1].get(lse_elems)
     if out_view is None:
         out_view = entry[1][lse_elems] = buf[lse_elems:]
