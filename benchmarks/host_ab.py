@@ -5,9 +5,10 @@
 The host time of one call drifts between device hosts and within a session by more than most host-path changes
 (``benchmarks/NOTES.md``), so comparing runs of different times says little. Here each round runs one fresh process
 per checkout, alternating, each timing an eager ``torch.add(a, b, out=c)`` yardstick (the host's speed at that
-moment) and the repeated-call layers of ``paged_attention_out`` (``bench.call_layer_times_us``: the typed wrapper,
-``torch.ops``, the op body) on a one-launch case (4 x 256 keys) and a split-KV case (1 x 4096 keys). The summary is
-each figure's median over the rounds per checkout, and its median ratio to the same process's yardstick.
+moment), the floor of a Triton launch (``bench.triton_launch_floor_us``, where the checkout has it) and the
+repeated-call layers of ``paged_attention_out`` (``bench.call_layer_times_us``: the typed wrapper, ``torch.ops``,
+the op body) on a one-launch case (4 x 256 keys) and a split-KV case (1 x 4096 keys). The summary is each figure's
+median over the rounds per checkout, and its median ratio to the same process's yardstick.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def measure() -> dict:
     one = torch.ones(1, device="cuda")
     sink = torch.empty_like(one)
     res: dict = {"aten_add_out": host_time_us(lambda: torch.add(one, one, out=sink))}
+    try:  # (a checkout under test may predate it)
+        from triton_paged_ops.bench import triton_launch_floor_us
+
+        res["triton_launch_floor"] = triton_launch_floor_us()
+    except ImportError:
+        pass
     for name, lens in CASES.items():
         inp = build_inputs(Case("host", lens), seed=0)
         res[name] = call_layer_times_us(inp.args, inp.out)
@@ -50,6 +57,8 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
     out = {}
     for tag, runs in rounds.items():
         s = {"aten_add_out": statistics.median(r["aten_add_out"] for r in runs)}
+        if all("triton_launch_floor" in r for r in runs):
+            s["triton_launch_floor"] = statistics.median(r["triton_launch_floor"] for r in runs)
         for case in CASES:
             for layer in LAYERS:
                 s[f"{case}: {layer}"] = statistics.median(r[case][layer] for r in runs)
@@ -77,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
             rounds[tag].append(_run_in(path))
     summary = summarize(rounds)
     lines = [f"{'figure (median over rounds)':46s} {'old':>8s} {'new':>8s}"]
-    lines += [f"{k:46s} {summary['old'][k]:8.2f} {summary['new'][k]:8.2f}" for k in summary["old"]]
+    lines += [f"{k:46s} {summary['old'].get(k, float('nan')):8.2f} {summary['new'].get(k, float('nan')):8.2f}"
+              for k in summary["new"]]  # fmt: skip
     from triton_paged_ops.bench import finish
 
     finish({"rounds": rounds, "summary": summary}, "\n".join(lines), args.out, "benchmarks.host_ab", argv)

@@ -6,7 +6,8 @@ typed wrapper, the ``torch.ops`` dispatch, the op body (a repeat of earlier meta
 and, for comparison, what a first call with new metadata adds: the argument checks, the launch planning
 (launcher without its kernels), and Triton's own launch path for each kernel. A yardstick of the host's own
 speed comes first: one eager ``torch.add(a, b, out=c)`` on one-element device tensors (an aten op's dispatch and
-launch), so runs on hosts of different speed can be compared.
+launch), so runs on hosts of different speed can be compared, and the floor of any Triton launch there (a compiled
+kernel of two arguments that does nothing, launched through its compiled launcher).
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import sys
 import torch
 
 from triton_paged_ops import checks
-from triton_paged_ops.bench import Case, build_inputs, call_layer_times_us, decode_loop_times_us, finish, host_time_us
+from triton_paged_ops.bench import (
+    Case,
+    build_inputs,
+    call_layer_times_us,
+    decode_loop_times_us,
+    finish,
+    host_time_us,
+    triton_launch_floor_us,
+)
 from triton_paged_ops.kernels.attention import _launch_paged_attention
 
 
@@ -51,6 +60,7 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     sink = torch.empty_like(one)
     res = {
         "aten_add_out": host_time_us(lambda: torch.add(one, one, out=sink), calls),
+        "triton_launch_floor": triton_launch_floor_us(calls),
         **call_layer_times_us(inp.args, out, calls),
         **decode_loop_times_us(inp.args, out, calls),
         "first_call_checks": host_time_us(

@@ -243,6 +243,21 @@ def _median_and_min(name: str, fn, calls: int) -> dict[str, float]:
     return {name: host_time_us(fn, calls, runs=runs), f"{name}_min": min(runs)}
 
 
+def triton_launch_floor_us(calls: int = 200) -> float:
+    """Host time of the cheapest Triton launch on this host: a compiled two-argument kernel that does nothing,
+    launched through its compiled launcher (what ``kernels.launch`` calls), the floor under every launch of ours."""
+    import triton
+
+    from triton_paged_ops.kernels.launch import empty_kernel
+
+    a = torch.empty(4, device="cuda")
+    compiled = empty_kernel[(1,)](a, a)
+    stream = torch.cuda.current_stream().cuda_stream
+    hook, ptr = triton.knobs.runtime.launch_exit_hook, a.data_ptr()
+    fn, meta = compiled.function, compiled.packed_metadata
+    return host_time_us(lambda: compiled.run(1, 1, 1, stream, fn, meta, None, None, hook, ptr, ptr), calls)
+
+
 def call_layer_times_us(args: tuple, out: torch.Tensor, calls: int = 200) -> dict[str, float]:
     """Host time of one repeated ``paged_attention_out(*args, out=out)`` call through each layer, outside in: the
     typed wrapper, the ``torch.ops`` dispatch, and the op body alone (see ``host_time_us``: median, and ``_min``
