@@ -31,12 +31,6 @@ _enabled = True
 _data_ptr = torch.Tensor.data_ptr
 
 
-@triton.jit
-def empty_kernel(a, b):
-    """Does nothing: its launch is the host-time floor of any Triton launch (``bench.triton_launch_floor_us``)."""
-    pass
-
-
 def _alignment(ptrs: list[int]) -> tuple[bool, ...] | bool:
     """The addresses' 16-byte alignment as Triton specialises on it: True when all are aligned (the usual case, told
     by one C call: their greatest common divisor is a multiple of 16 exactly then), else one flag per address."""
