@@ -16,7 +16,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 import triton_paged_ops as tpa
-from triton_paged_ops.checks import FLOAT_DTYPES
+from triton_paged_ops.checks import FLOAT_DTYPES, FP8_DTYPES
 
 logger = logging.getLogger(__name__)
 # Speculative decoding (target verify, draft extend) and diffusion modes need masks/metadata this backend lacks.
@@ -64,6 +64,9 @@ class TpaAttnBackend(AttentionBackend):
         self.max_context_len = self.req_to_token.shape[1]
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.forward_metadata: TpaMetadata | None = None
+        # fp8 caches: each layer's dequantisation scales as the ops take them (see _kv_scales).
+        self._kv_scales: dict[int, tuple] = {}
+        self._unit_scale: torch.Tensor | None = None
         self._graph_metadata: dict[int, TpaMetadata] = {}
         if torch.device(self.device).type == "cuda" and os.environ.get("TPA_WARMUP", "1") != "0":
             try:
@@ -87,15 +90,51 @@ class TpaAttnBackend(AttentionBackend):
         chunk = getattr(server_args, "chunked_prefill_size", None)
         if not chunk or chunk <= 0:  # chunked prefill off (-1): a prompt may be as long as the context
             chunk = self.max_context_len
+        # An fp8 pool is always read with scales (the layer's, or 1): see _scales.
+        cache_dtype = self._cache_dtype(model_runner)
         settings = ServingSettings(
             num_q_heads=cfg.get_num_attention_heads(tp), num_kv_heads=cfg.get_num_kv_heads(tp),
             head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
-            dtype=model_runner.dtype, max_batch=max_batch, max_context=self.max_context_len,
-            max_query=max(1, min(chunk, self.max_context_len)), block_table_rows=True,
-            batch_invariant=self.batch_invariant,
+            dtype=model_runner.dtype, cache_dtype=cache_dtype, kv_scale=cache_dtype is not None,
+            max_batch=max_batch, max_context=self.max_context_len, max_query=max(1, min(chunk, self.max_context_len)),
+            block_table_rows=True, batch_invariant=self.batch_invariant,
         )  # fmt: skip
         report = warmup(settings, self.device)
         logger.info("tpa warm-up: %d attention variants in %.1f s", report.variants, report.seconds)
+
+    def _cache_dtype(self, model_runner) -> torch.dtype | None:
+        """The K/V pool's element dtype when it is not the model's (an fp8 cache), else None."""
+        dtype = getattr(model_runner, "kv_cache_dtype", None)
+        return dtype if isinstance(dtype, torch.dtype) and dtype != model_runner.dtype else None
+
+    def _scales(self, layer, k_buf: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(k_scale, v_scale)`` for the ops: None for a 16/32-bit cache; for an fp8 cache the layer's checkpoint
+        scales (SGLang divides K/V by them before the cast to fp8), or 1 where the checkpoint has none (SGLang then
+        casts unscaled)."""
+        if k_buf.dtype in FLOAT_DTYPES:
+            return None, None
+        if k_buf.dtype not in FP8_DTYPES:
+            raise NotImplementedError(
+                f"tpa backend: KV cache dtype {k_buf.dtype} is not supported (fp8 caches must be float8_e4m3fn, or "
+                "float8_e4m3fnuz on ROCm; use --kv-cache-dtype fp8_e4m3 or auto)"
+            )
+        k_param, v_param = getattr(layer, "k_scale", None), getattr(layer, "v_scale", None)
+        kept = self._kv_scales.get(layer.layer_id)
+        if kept is None or kept[0] is not k_param or kept[1] is not v_param:
+            # Plain-tensor aliases of the parameters (same storage, so later in-place updates show): the ops' eager
+            # fast path takes plain tensors only.
+            kept = (k_param, v_param, self._as_scale(k_param, k_buf.device), self._as_scale(v_param, k_buf.device))
+            self._kv_scales[layer.layer_id] = kept
+        return kept[2], kept[3]
+
+    def _as_scale(self, param, device) -> torch.Tensor:
+        if param is None:
+            if self._unit_scale is None:
+                self._unit_scale = torch.ones(1, dtype=torch.float32, device=device)
+            return self._unit_scale
+        if not isinstance(param, torch.Tensor):  # a Python number
+            return torch.full((1,), float(param), dtype=torch.float32, device=device)
+        return param.detach().reshape(1).to(device=device, dtype=torch.float32)
 
     def init_forward_metadata(self, forward_batch):
         """Eager batches (extend, decode, mixed): metadata from the batch's own tensors."""
@@ -168,8 +207,7 @@ class TpaAttnBackend(AttentionBackend):
         md = self.forward_metadata
         k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
-        if k_buf.dtype not in FLOAT_DTYPES:
-            raise NotImplementedError(f"tpa backend: KV cache dtype {k_buf.dtype} is not supported yet")
+        k_scale, v_scale = self._scales(layer, k_buf)
         if layer.logit_cap and layer.logit_cap > 0 and getattr(layer, "logit_capping_method", "tanh") != "tanh":
             raise NotImplementedError(f"tpa backend: logit capping {layer.logit_capping_method!r} is not supported")
         num_q_heads, head_dim, head_dim_v = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
@@ -184,7 +222,8 @@ class TpaAttnBackend(AttentionBackend):
         tpa.paged_attention_out(
             q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
             float(layer.scaling), causal=causal, window_left=int(window), softcap=float(layer.logit_cap or 0.0),
-            sinks=sinks.float() if sinks is not None else None, block_table_rows=md.rows,
+            sinks=sinks.float() if sinks is not None else None, k_scale=k_scale, v_scale=v_scale,
+            block_table_rows=md.rows,
             batch_invariant=self.batch_invariant, out=o.view(-1, num_q_heads, head_dim_v),
         )  # fmt: skip
         return o

@@ -152,6 +152,71 @@ def test_dense_case_in_deterministic_mode(case, monkeypatch):
     assert calls and all(calls)
 
 
+FP8_CASES = DETERMINISTIC_CASES[:2]
+
+
+def _with_fp8_pool(fixture, scales: tuple[float, float] | None):
+    """The fixture's pool replaced by an fp8 one holding its prefix as SGLang stores it (K/V divided by the layer's
+    scales, then cast), the layer given those scales as SGLang's quantization config does (none: unscaled), and
+    a backend built for the new pool."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    from integrations.sglang.backend import TpaAttnBackend
+
+    runner, layer = fixture.runner, fixture.actual_module.attn
+    old = runner.token_to_kv_pool
+    pool = MHATokenToKVPool(size=old.size, page_size=old.page_size, dtype=torch.float8_e4m3fn, head_num=old.head_num,
+                            head_dim=old.head_dim, layer_num=1, device=DEVICE, enable_memory_saver=False,
+                            enable_alt_stream=False)  # fmt: skip
+    k_scale, v_scale = scales or (1.0, 1.0)
+    pool.get_key_buffer(0).copy_((old.get_key_buffer(0) / k_scale).to(torch.float8_e4m3fn))
+    pool.get_value_buffer(0).copy_((old.get_value_buffer(0) / v_scale).to(torch.float8_e4m3fn))
+    if scales is not None:
+        layer.k_scale = torch.nn.Parameter(torch.tensor(k_scale, device=DEVICE), requires_grad=False)
+        layer.v_scale = torch.nn.Parameter(torch.tensor(v_scale, device=DEVICE), requires_grad=False)
+        layer.k_scale_float, layer.v_scale_float = k_scale, v_scale
+    runner.token_to_kv_pool, runner.kv_cache_dtype = pool, torch.float8_e4m3fn
+    return kit.replace_backend(fixture, TpaAttnBackend(runner))
+
+
+@pytest.mark.parametrize("scales", [None, (0.04, 0.02)], ids=["unscaled", "scaled"])
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c.name for c in FP8_CASES])
+def test_fp8_kv_cache(case, scales, monkeypatch):
+    """``--kv-cache-dtype fp8_e4m3``: the ops read SGLang's fp8 pool with the layer's scales (1 without any), and
+    the result matches the kit's full-precision reference within fp8's rounding (3 mantissa bits)."""
+    from integrations.sglang import backend as tpa_backend
+
+    seen = []
+    real = tpa_backend.tpa.paged_attention_out
+
+    def spy(*args, **kwargs):
+        seen.append((args[1].dtype, args[2].dtype, float(kwargs["k_scale"]), float(kwargs["v_scale"])))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tpa_backend.tpa, "paged_attention_out", spy)
+    with torch.no_grad():
+        fixture = _with_fp8_pool(kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE), scales)
+        actual = kit.run_dense_fixture_eager(fixture).float()
+        expected = kit.expected_dense_fixture_output(fixture).float()
+    fp8 = torch.float8_e4m3fn
+    k_scale, v_scale = scales or (1.0, 1.0)
+    assert seen and all(s == (fp8, fp8, pytest.approx(k_scale), pytest.approx(v_scale)) for s in seen)
+    rel = ((actual - expected).norm() / expected.norm()).item()
+    assert rel < 0.05, rel
+
+
+def test_unsupported_kv_cache_dtype_is_refused_clearly():
+    from types import SimpleNamespace
+
+    from integrations.sglang.backend import TpaAttnBackend
+
+    backend = TpaAttnBackend.__new__(TpaAttnBackend)
+    backend._kv_scales, backend._unit_scale = {}, None
+    layer = SimpleNamespace(layer_id=0, k_scale=None, v_scale=None)
+    with pytest.raises(NotImplementedError, match="float8_e5m2"):
+        backend._scales(layer, torch.empty(2, 1, 1, 8, dtype=torch.float8_e5m2))
+
+
 def test_plugin_entry_point_registers_the_backend():
     """In a fresh process, SGLang's own plugin loader finds our entry point; its argparse then accepts tpa."""
     import subprocess
@@ -185,9 +250,10 @@ def test_unsupported_forward_modes_are_refused_clearly():
             backend.init_forward_metadata_out_graph(batch, in_capture=True)
 
 
-def test_start_up_warmup_reads_the_runner_settings(monkeypatch):
-    """The warm-up the backend runs at start-up on a GPU (here called directly): model dims and limits come from
-    SGLang's runner, and it compiles the variants a serving loop with those limits reaches."""
+@pytest.mark.parametrize("fp8", [False, True], ids=["model_dtype_pool", "fp8_pool"])
+def test_start_up_warmup_reads_the_runner_settings(monkeypatch, fp8):
+    """The warm-up the backend runs at start-up on a GPU (here called directly): model dims, limits and the pool's
+    dtype come from SGLang's runner, and it compiles the variants a serving loop with those limits reaches."""
     from triton_paged_ops import warmup as wu
 
     seen = {}
@@ -201,7 +267,11 @@ def test_start_up_warmup_reads_the_runner_settings(monkeypatch):
     case = DECODE_CASES[0]
     with torch.no_grad():
         fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
+        if fp8:
+            fixture = _with_fp8_pool(fixture, None)
         fixture.backend._warmup(fixture.runner)
     assert seen["num_q_heads"] == case.num_heads and seen["num_kv_heads"] == case.num_kv_heads
     assert seen["head_dim"] == kit.DEFAULT_HEAD_DIM and seen["page_size"] == 1 and seen["block_table_rows"]
     assert seen["max_context"] == fixture.runner.req_to_token_pool.req_to_token.shape[1]
+    # An fp8 pool is read with scales (1 here): the warm-up compiles that variant.
+    assert (seen["cache_dtype"], seen["kv_scale"]) == ((torch.float8_e4m3fn, True) if fp8 else (None, False))
