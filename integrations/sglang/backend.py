@@ -64,9 +64,10 @@ class TpaAttnBackend(AttentionBackend):
         self.max_context_len = self.req_to_token.shape[1]
         self.token_to_kv_pool = model_runner.token_to_kv_pool
         self.forward_metadata: TpaMetadata | None = None
-        # fp8 caches: each layer's dequantisation scales as the ops take them (see _kv_scales).
+        # fp8 caches: each layer's dequantisation scales as the ops take them (see _scales). The unit scale is made
+        # here, not on first use, which may fall inside a CUDA-graph capture.
         self._kv_scales: dict[int, tuple] = {}
-        self._unit_scale: torch.Tensor | None = None
+        self._unit_scale = torch.ones(1, dtype=torch.float32, device=self.device)
         self._graph_metadata: dict[int, TpaMetadata] = {}
         if torch.device(self.device).type == "cuda" and os.environ.get("TPA_WARMUP", "1") != "0":
             try:
@@ -129,8 +130,6 @@ class TpaAttnBackend(AttentionBackend):
 
     def _as_scale(self, param, device) -> torch.Tensor:
         if param is None:
-            if self._unit_scale is None:
-                self._unit_scale = torch.ones(1, dtype=torch.float32, device=device)
             return self._unit_scale
         if not isinstance(param, torch.Tensor):  # a Python number
             return torch.full((1,), float(param), dtype=torch.float32, device=device)

@@ -205,13 +205,46 @@ def test_fp8_kv_cache(case, scales, monkeypatch):
     assert rel < 0.05, rel
 
 
+def test_cuda_graph_metadata_protocol_on_an_fp8_pool():
+    """The kit's CUDA-graph decode flow (capture batch, then replays with other lengths and padded entries) on an
+    fp8 pool. Unscaled: the kit writes prefixes without the layer's scales (SGLang's own writes pass them)."""
+
+    def build_fp8(*args, **kwargs):
+        return _with_fp8_pool(kit.build_dense_attention_fixture(*args, **kwargs), None)
+
+    adapter = graph_kit.CudaGraphDecodeAdapter(
+        build_fixture=build_fp8,
+        make_case=kit.make_dense_case_with_prefix_lens,
+        make_forward_batch=kit._make_forward_batch,
+        fixture_inputs=kit.dense_fixture_inputs,
+        make_capture_inputs=kit.make_dense_random_inputs,
+        make_replay_inputs=kit.make_dense_padded_replay_inputs,
+        prepare_inputs=kit.prepare_dense_runner_inputs,
+        run_eager=kit.run_dense_fixture_eager,
+        run_forward=kit.run_dense_forward,
+        expected_output=kit.expected_dense_output_from_inputs,
+        # fp8 rounding (3 mantissa bits) on top of the kit's tolerance.
+        atol=0.1,
+        rtol=0.1,
+    )
+    case = DECODE_CASES[0]
+    with torch.no_grad():
+        graph_kit._run_cuda_graph_decode_case(
+            _Case(), case, adapter=adapter,
+            build_kwargs=dict(head_dim=kit.DEFAULT_HEAD_DIM, hidden_size=kit.DEFAULT_HIDDEN_SIZE,
+                              max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE),
+            capture_batch_size=graph_kit.DENSE_CUDA_GRAPH_CAPTURE_BATCH_SIZE,
+            max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE,
+        )  # fmt: skip
+
+
 def test_unsupported_kv_cache_dtype_is_refused_clearly():
     from types import SimpleNamespace
 
     from integrations.sglang.backend import TpaAttnBackend
 
     backend = TpaAttnBackend.__new__(TpaAttnBackend)
-    backend._kv_scales, backend._unit_scale = {}, None
+    backend._kv_scales, backend._unit_scale = {}, torch.ones(1)
     layer = SimpleNamespace(layer_id=0, k_scale=None, v_scale=None)
     with pytest.raises(NotImplementedError, match="float8_e5m2"):
         backend._scales(layer, torch.empty(2, 1, 1, 8, dtype=torch.float8_e5m2))
