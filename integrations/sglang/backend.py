@@ -19,8 +19,28 @@ import triton_paged_ops as tpa
 from triton_paged_ops.checks import FLOAT_DTYPES, FP8_DTYPES
 
 logger = logging.getLogger(__name__)
-# Speculative decoding (target verify, draft extend) and diffusion modes need masks/metadata this backend lacks.
-_EAGER_MODES = ("EXTEND", "MIXED", "DECODE", "IDLE")
+# Speculative verification of draft chains is a causal extend (see _draft_chain); draft trees, draft extend (the
+# draft model's own backend) and diffusion modes need masks/metadata this backend lacks.
+_EAGER_MODES = ("EXTEND", "MIXED", "DECODE", "IDLE", "TARGET_VERIFY")
+
+
+def _draft_chain(forward_batch) -> int:
+    """Draft tokens per request of a TARGET_VERIFY batch whose drafts form a chain (EAGLE/MTP with topk 1, DFlash):
+    draft ``i`` sees the request's cached keys and drafts ``0..i``, the ops' bottom-right causal mask over
+    ``seq_lens + n`` keys. Trees (topk > 1, n-gram) are refused: they need a per-request custom mask."""
+    spec = forward_batch.spec_info
+    topk = getattr(spec, "topk", None)
+    if topk is None:
+        topk = getattr(spec, "tree_topk", None)
+    num = getattr(spec, "draft_token_num", None)
+    if topk != 1 or not num:
+        raise NotImplementedError(
+            f"tpa backend: target verify of draft trees ({type(spec).__name__}, topk {topk}) is not supported; "
+            "draft chains (--speculative-eagle-topk 1) are"
+        )
+    if getattr(spec, "ragged_verify_layout", None) is not None:
+        raise NotImplementedError("tpa backend: ragged target verify (SGLANG_RAGGED_VERIFY_MODE) is not supported")
+    return int(num)
 
 
 @dataclasses.dataclass
@@ -38,6 +58,8 @@ class TpaMetadata:
     max_seqlen_q: int
     max_seqlen_k: int
     in_graph: bool = False  # rows/seq_lens are static buffers refilled by init_forward_metadata_in_graph
+    # What SGLang's seq_lens lack of the keys (target verify: the drafts, whose keys are written by the same step).
+    added_keys: int = 0
 
 
 def deterministic_inference(model_runner) -> bool:
@@ -136,15 +158,19 @@ class TpaAttnBackend(AttentionBackend):
         return param.detach().reshape(1).to(device=device, dtype=torch.float32)
 
     def init_forward_metadata(self, forward_batch):
-        """Eager batches (extend, decode, mixed): metadata from the batch's own tensors."""
+        """Eager batches (extend, decode, mixed, chain verify): metadata from the batch's own tensors."""
         mode = forward_batch.forward_mode
         if mode.name not in _EAGER_MODES:
             raise NotImplementedError(f"tpa backend: forward mode {mode.name} is not supported (only {_EAGER_MODES})")
         bs = forward_batch.batch_size
-        seq_lens = forward_batch.seq_lens.to(torch.int32)
+        added = _draft_chain(forward_batch) if mode.is_target_verify() else 0
+        seq_lens = (forward_batch.seq_lens + added).to(torch.int32)
         if forward_batch.forward_mode.is_decode_or_idle():
             cu = torch.arange(bs + 1, dtype=torch.int32, device=self.device)
             max_q = 1
+        elif added:
+            cu = torch.arange(0, bs * added + 1, added, dtype=torch.int32, device=self.device)
+            max_q = added
         else:
             cu = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
             cu[1:] = torch.cumsum(forward_batch.extend_seq_lens, 0)
@@ -152,7 +178,10 @@ class TpaAttnBackend(AttentionBackend):
             max_q = max(lens_cpu) if lens_cpu is not None and len(lens_cpu) else int(cu.diff().max())
         seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
         # A host bound of the context lengths; without one, the pool's width (always a bound).
-        max_k = int(seq_lens_cpu.max()) if seq_lens_cpu is not None and len(seq_lens_cpu) else self.max_context_len
+        if seq_lens_cpu is not None and len(seq_lens_cpu):
+            max_k = int(seq_lens_cpu.max()) + added
+        else:
+            max_k = self.max_context_len
         self.forward_metadata = TpaMetadata(
             self.req_to_token,
             forward_batch.req_pool_indices,
@@ -160,17 +189,19 @@ class TpaAttnBackend(AttentionBackend):
             seq_lens,
             max_q,
             min(max(1, max_k), self.max_context_len),
+            added_keys=added,
         )
 
-    # CUDA graphs (decode). The captured kernels read static buffers: rows and lengths are copied into them inside
-    # the graph, the query offsets of one-token rows never change, and the context bound is the pool's width, so
-    # the split-KV plan (grid and workspace) is the same at capture and every replay.
+    # CUDA graphs (decode and chain verify). The captured kernels read static buffers: rows and lengths are copied
+    # into them inside the graph, the query offsets (one row, or one draft chain, per request) never change, and the
+    # context bound is the pool's width, so the split-KV plan (grid and workspace) is the same at capture and every
+    # replay.
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         self._cg_rows = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
         self._cg_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self._cg_cu = torch.arange(max_bs + 1, dtype=torch.int32, device=self.device)
-        self._graph_metadata = {}
+        self._graph_metadata: dict[tuple[int, int], TpaMetadata] = {}
 
     def get_cuda_graph_seq_len_fill_value(self):
         # Padded entries see one key (slot req_to_token[row, 0], always a valid pool slot); their output is dropped.
@@ -178,20 +209,31 @@ class TpaAttnBackend(AttentionBackend):
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         mode = forward_batch.forward_mode
-        if not mode.is_decode_or_idle():
-            raise NotImplementedError(f"tpa backend: CUDA graphs are supported for decode batches only, got {mode}")
+        if mode.is_target_verify():
+            drafts = _draft_chain(forward_batch)
+        elif mode.is_decode_or_idle():
+            drafts = 0
+        else:
+            raise NotImplementedError(
+                f"tpa backend: CUDA graphs are supported for decode and chain-verify batches only, got {mode}"
+            )
         bs = forward_batch.batch_size
         if bs > self._cg_rows.shape[0]:
             raise ValueError(
                 f"tpa backend: graph batch size {bs} exceeds init_cuda_graph_state's {self._cg_rows.shape[0]}"
             )
-        md = self._graph_metadata.get(bs)
+        md = self._graph_metadata.get((bs, drafts))
         if md is None:
+            if drafts:
+                # Made outside the capture (this method never runs inside one), kept for every replay.
+                cu = torch.arange(0, bs * drafts + 1, drafts, dtype=torch.int32, device=self.device)
+            else:
+                cu = self._cg_cu[: bs + 1]
             md = TpaMetadata(
-                self.req_to_token, self._cg_rows[:bs], self._cg_cu[: bs + 1], self._cg_seq_lens[:bs], 1,
-                self.max_context_len, in_graph=True,
+                self.req_to_token, self._cg_rows[:bs], cu, self._cg_seq_lens[:bs], max(1, drafts),
+                self.max_context_len, in_graph=True, added_keys=drafts,
             )  # fmt: skip
-            self._graph_metadata[bs] = md
+            self._graph_metadata[(bs, drafts)] = md
         self.forward_metadata = md
 
     def init_forward_metadata_in_graph(self, forward_batch):
@@ -200,7 +242,7 @@ class TpaAttnBackend(AttentionBackend):
             return
         bs = forward_batch.batch_size
         md.rows.copy_(forward_batch.req_pool_indices[:bs])
-        md.seq_lens.copy_(forward_batch.seq_lens[:bs])
+        torch.add(forward_batch.seq_lens[:bs], md.added_keys, out=md.seq_lens)
 
     def _attend(self, q, layer, causal: bool, sinks) -> torch.Tensor:
         md = self.forward_metadata

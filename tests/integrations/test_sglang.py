@@ -5,6 +5,8 @@ Skipped unless sglang imports (it needs its own environment: see ``.ci/sglang-se
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ register()
 
 from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
 from sglang.test.kits.attention_unittest.runner_modes import cuda_graph_decode_runner as graph_kit  # noqa: E402
+from sglang.test.kits.attention_unittest.runner_modes import speculative_target_verify_runner as verify_kit  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter's fp16/bf16 matrix products are exercised elsewhere; fp32 on CPU keeps this about SGLang glue.
@@ -250,6 +253,54 @@ def test_unsupported_kv_cache_dtype_is_refused_clearly():
         backend._scales(layer, torch.empty(2, 1, 1, 8, dtype=torch.float8_e5m2))
 
 
+def _verify_case(name: str, num_heads: int, num_kv_heads: int, page_size: int, prefix_lens: tuple, drafts: int):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return kit.DenseAttentionCase(
+        name=name, backend=BACKEND_NAME, forward_mode=ForwardMode.TARGET_VERIFY, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, page_size=page_size, prefix_lens=prefix_lens,
+        extend_lens=(drafts,) * len(prefix_lens),
+    )  # fmt: skip
+
+
+# Speculative verification: each request's draft tokens (a chain) on top of its cached prefix; GQA, MHA and MQA,
+# pages of 1 and 16 tokens, prefixes from 1 token to past a page.
+VERIFY_CASES = [
+    _verify_case("gqa_verify_4_drafts", 8, 2, 16, (5, 17, 33), 4),
+    _verify_case("mha_verify_page_1", 4, 4, 1, (1, 9), 3),
+    _verify_case("mqa_verify_1_draft", 4, 1, 16, (16, 2), 1),
+]
+
+
+@pytest.mark.parametrize("spec_kind", ["eagle", "dflash", "frozen_kv_mtp"])
+@pytest.mark.parametrize("case", VERIFY_CASES, ids=[c.name for c in VERIFY_CASES])
+def test_chain_target_verify(case, spec_kind):
+    """Target verify of draft chains (EAGLE/MTP topk 1, DFlash) against the kit's reference with its mask."""
+    with torch.no_grad():
+        verify_kit.run_dense_spec_verify_case(_Case(), case, topk=1, spec_kind=spec_kind, device=DEVICE,
+                                              dtype=DTYPE)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", VERIFY_CASES, ids=[c.name for c in VERIFY_CASES])
+def test_chain_target_verify_cuda_graph_metadata_protocol(case, monkeypatch):
+    """The kit's CUDA-graph verify flow: metadata for a captured batch size, a replay with other prefixes and
+    padded requests through the same static buffers, matching the reference and the eager run.
+
+    The flow rewrites prefixes at the kit's contiguous slots, so its fixture takes the layout whose prefixes lie
+    there (drafts still scattered out of order); with shuffled prefix pages the rewrite would clobber them."""
+    build = functools.partial(kit.build_dense_attention_fixture, loc_layout="non_monotonic_extend")
+    monkeypatch.setattr(verify_kit, "build_dense_attention_fixture", build)
+    with torch.no_grad():
+        verify_kit.run_dense_spec_verify_cuda_graph_case(_Case(), case, topk=1, device=DEVICE, dtype=DTYPE)
+
+
+def test_draft_tree_verify_is_refused():
+    """EAGLE trees (topk 2) need a custom mask: the backend refuses them rather than attending causally."""
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="draft trees"):
+        verify_kit.run_dense_spec_verify_case(_Case(), _verify_case("tree", 4, 2, 16, (4, 8), 3), topk=2,
+                                              device=DEVICE, dtype=DTYPE)  # fmt: skip
+
+
 def test_plugin_entry_point_registers_the_backend():
     """In a fresh process, SGLang's own plugin loader finds our entry point; its argparse then accepts tpa."""
     import subprocess
@@ -275,12 +326,17 @@ def test_unsupported_forward_modes_are_refused_clearly():
 
     backend = TpaAttnBackend.__new__(TpaAttnBackend)
     backend._cg_rows = torch.zeros(4, dtype=torch.int64)
-    for mode in (ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND_V2):
-        batch = SimpleNamespace(forward_mode=mode, batch_size=2)
-        with pytest.raises(NotImplementedError, match="not supported"):
-            backend.init_forward_metadata(batch)
-        with pytest.raises(NotImplementedError, match="decode batches only"):
-            backend.init_forward_metadata_out_graph(batch, in_capture=True)
+    batch = SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND_V2, batch_size=2)
+    with pytest.raises(NotImplementedError, match="not supported"):
+        backend.init_forward_metadata(batch)
+    with pytest.raises(NotImplementedError, match="decode and chain-verify batches only"):
+        backend.init_forward_metadata_out_graph(batch, in_capture=True)
+    # Verification of draft trees (EAGLE topk > 1; n-gram trees, whose branching is irregular: tree_topk -1).
+    for spec in (SimpleNamespace(topk=2, draft_token_num=3), SimpleNamespace(tree_topk=-1, draft_token_num=3)):
+        batch = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=2, spec_info=spec)
+        for init in (backend.init_forward_metadata, backend.init_forward_metadata_out_graph):
+            with pytest.raises(NotImplementedError, match="draft trees"):
+                init(batch)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["model_dtype_pool", "fp8_pool"])
