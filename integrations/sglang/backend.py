@@ -90,7 +90,7 @@ class TpaAttnBackend(AttentionBackend):
         # here, not on first use, which may fall inside a CUDA-graph capture.
         self._kv_scales: dict[int, tuple] = {}
         self._unit_scale = torch.ones(1, dtype=torch.float32, device=self.device)
-        self._graph_metadata: dict[int, TpaMetadata] = {}
+        self._graph_metadata: dict[tuple[int, int], TpaMetadata] = {}  # by (batch size, drafts per request)
         if torch.device(self.device).type == "cuda" and os.environ.get("TPA_WARMUP", "1") != "0":
             try:
                 self._warmup(model_runner)
@@ -164,7 +164,7 @@ class TpaAttnBackend(AttentionBackend):
             raise NotImplementedError(f"tpa backend: forward mode {mode.name} is not supported (only {_EAGER_MODES})")
         bs = forward_batch.batch_size
         added = _draft_chain(forward_batch) if mode.is_target_verify() else 0
-        seq_lens = (forward_batch.seq_lens + added).to(torch.int32)
+        seq_lens = (forward_batch.seq_lens + added if added else forward_batch.seq_lens).to(torch.int32)
         if forward_batch.forward_mode.is_decode_or_idle():
             cu = torch.arange(bs + 1, dtype=torch.int32, device=self.device)
             max_q = 1
@@ -201,7 +201,7 @@ class TpaAttnBackend(AttentionBackend):
         self._cg_rows = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
         self._cg_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self._cg_cu = torch.arange(max_bs + 1, dtype=torch.int32, device=self.device)
-        self._graph_metadata: dict[tuple[int, int], TpaMetadata] = {}
+        self._graph_metadata = {}
 
     def get_cuda_graph_seq_len_fill_value(self):
         # Padded entries see one key (slot req_to_token[row, 0], always a valid pool slot); their output is dropped.
