@@ -78,8 +78,17 @@ def _graph_replaying_adapter() -> graph_kit.CudaGraphDecodeAdapter:
         state["graph"].replay()
         return state["out"].clone()
 
+    return _dense_graph_adapter(run_forward=run_forward)
+
+
+def _dense_graph_adapter(
+    build_fixture=kit.build_dense_attention_fixture,
+    run_forward=kit.run_dense_forward,
+    tolerance: float | None = None,
+) -> graph_kit.CudaGraphDecodeAdapter:
+    """The kit's dense CUDA-graph decode adapter, with another fixture builder, forward or tolerance."""
     return graph_kit.CudaGraphDecodeAdapter(
-        build_fixture=kit.build_dense_attention_fixture,
+        build_fixture=build_fixture,
         make_case=kit.make_dense_case_with_prefix_lens,
         make_forward_batch=kit._make_forward_batch,
         fixture_inputs=kit.dense_fixture_inputs,
@@ -89,22 +98,26 @@ def _graph_replaying_adapter() -> graph_kit.CudaGraphDecodeAdapter:
         run_eager=kit.run_dense_fixture_eager,
         run_forward=run_forward,
         expected_output=kit.expected_dense_output_from_inputs,
-        atol=kit.DENSE_ATOL,
-        rtol=kit.DENSE_RTOL,
+        atol=kit.DENSE_ATOL if tolerance is None else tolerance,
+        rtol=kit.DENSE_RTOL if tolerance is None else tolerance,
     )
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("case", DECODE_CASES, ids=[c.name for c in DECODE_CASES])
-def test_decode_under_a_captured_cuda_graph(case):
+def _run_graph_decode_case(case, adapter: graph_kit.CudaGraphDecodeAdapter) -> None:
     with torch.no_grad():
         graph_kit._run_cuda_graph_decode_case(
-            _Case(), case, adapter=_graph_replaying_adapter(),
+            _Case(), case, adapter=adapter,
             build_kwargs=dict(head_dim=kit.DEFAULT_HEAD_DIM, hidden_size=kit.DEFAULT_HIDDEN_SIZE,
                               max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE),
             capture_batch_size=graph_kit.DENSE_CUDA_GRAPH_CAPTURE_BATCH_SIZE,
             max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE,
         )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", DECODE_CASES, ids=[c.name for c in DECODE_CASES])
+def test_decode_under_a_captured_cuda_graph(case):
+    _run_graph_decode_case(case, _graph_replaying_adapter())
 
 
 def test_cases_cover_page_sizes_and_head_layouts():
@@ -215,30 +228,8 @@ def test_cuda_graph_metadata_protocol_on_an_fp8_pool():
     def build_fp8(*args, **kwargs):
         return _with_fp8_pool(kit.build_dense_attention_fixture(*args, **kwargs), None)
 
-    adapter = graph_kit.CudaGraphDecodeAdapter(
-        build_fixture=build_fp8,
-        make_case=kit.make_dense_case_with_prefix_lens,
-        make_forward_batch=kit._make_forward_batch,
-        fixture_inputs=kit.dense_fixture_inputs,
-        make_capture_inputs=kit.make_dense_random_inputs,
-        make_replay_inputs=kit.make_dense_padded_replay_inputs,
-        prepare_inputs=kit.prepare_dense_runner_inputs,
-        run_eager=kit.run_dense_fixture_eager,
-        run_forward=kit.run_dense_forward,
-        expected_output=kit.expected_dense_output_from_inputs,
-        # fp8 rounding (3 mantissa bits) on top of the kit's tolerance.
-        atol=0.1,
-        rtol=0.1,
-    )
-    case = DECODE_CASES[0]
-    with torch.no_grad():
-        graph_kit._run_cuda_graph_decode_case(
-            _Case(), case, adapter=adapter,
-            build_kwargs=dict(head_dim=kit.DEFAULT_HEAD_DIM, hidden_size=kit.DEFAULT_HIDDEN_SIZE,
-                              max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE),
-            capture_batch_size=graph_kit.DENSE_CUDA_GRAPH_CAPTURE_BATCH_SIZE,
-            max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, dtype=DTYPE, device=DEVICE,
-        )  # fmt: skip
+    # fp8 rounding (3 mantissa bits) on top of the kit's tolerance.
+    _run_graph_decode_case(DECODE_CASES[0], _dense_graph_adapter(build_fixture=build_fp8, tolerance=0.1))
 
 
 def test_unsupported_kv_cache_dtype_is_refused_clearly():
