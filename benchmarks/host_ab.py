@@ -5,10 +5,11 @@
 The host time of one call drifts between device hosts and within a session by more than most host-path changes
 (``benchmarks/NOTES.md``), so comparing runs of different times says little. Here each round runs one fresh process
 per checkout, alternating, each timing an eager ``torch.add(a, b, out=c)`` yardstick (the host's speed at that
-moment), the floor of a Triton launch (``bench.triton_launch_floor_us``, where the checkout has it) and the
-repeated-call layers of ``paged_attention_out`` (``bench.call_layer_times_us``: the typed wrapper, ``torch.ops``,
-the op body) on a one-launch case (4 x 256 keys) and a split-KV case (1 x 4096 keys). The summary is each figure's
-median over the rounds per checkout, and its median ratio to the same process's yardstick.
+moment), the floor of a Triton launch (``bench.triton_launch_floor_us``, where the checkout has it), the floor of
+the ``torch.ops`` layer (``bench.dispatcher_floor_us``, idem) and the repeated-call layers of
+``paged_attention_out`` (``bench.call_layer_times_us``: the typed wrapper, ``torch.ops``, the op body) on a
+one-launch case (4 x 256 keys) and a split-KV case (1 x 4096 keys). The summary is each figure's median over the
+rounds per checkout, and its median ratio to the same process's yardstick.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def measure() -> dict:
     for name, lens in CASES.items():
         inp = build_inputs(Case("host", lens), seed=0)
         res[name] = call_layer_times_us(inp.args, inp.out)
+        try:  # (idem)
+            from triton_paged_ops.bench import dispatcher_floor_us
+
+            res[name]["dispatcher_floor"] = dispatcher_floor_us(inp.args, inp.out)
+        except ImportError:
+            pass
     return res
 
 
@@ -60,6 +67,8 @@ def summarize(rounds: dict[str, list[dict]]) -> dict:
         if all("triton_launch_floor" in r for r in runs):
             s["triton_launch_floor"] = statistics.median(r["triton_launch_floor"] for r in runs)
         for case in CASES:
+            if all("dispatcher_floor" in r[case] for r in runs):
+                s[f"{case}: dispatcher_floor"] = statistics.median(r[case]["dispatcher_floor"] for r in runs)
             for layer in LAYERS:
                 s[f"{case}: {layer}"] = statistics.median(r[case][layer] for r in runs)
                 s[f"{case}: {layer} / aten"] = statistics.median(r[case][layer] / r["aten_add_out"] for r in runs)

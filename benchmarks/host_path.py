@@ -16,7 +16,15 @@ import sys
 import torch
 
 from triton_paged_ops import api
-from triton_paged_ops.bench import Case, _git_sha, build_inputs, call_layer_times_us, decode_loop_times_us, finish
+from triton_paged_ops.bench import (
+    Case,
+    _git_sha,
+    build_inputs,
+    call_layer_times_us,
+    decode_loop_times_us,
+    dispatcher_floor_us,
+    finish,
+)
 from triton_paged_ops.kernels import attention, standin
 
 # name: (keys per sequence, launch options)
@@ -36,6 +44,8 @@ def measure(kv_lens: list[int], calls: int, config: dict | None = None) -> dict:
     ):
         api.paged_attention_out(*args, out=out)  # prepares the launch and records the kernels
         res = {f"{layer}_us": us for layer, us in call_layer_times_us(args, out, calls).items()}
+        # PyTorch's share of the torch.ops layer: the same call into a kernel that does nothing.
+        res["dispatcher_floor_us"] = dispatcher_floor_us(args, out, calls)
         # Every repeat must have taken the short path: one own launch per kernel (the first call) and no more.
         assert len(attention_kernel.own) == 1 and len(reduce_kernel.own) <= 1, "a repeat took Triton's own path"
         res["launches_per_call"] = 1 + len(reduce_kernel.own)

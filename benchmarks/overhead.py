@@ -6,8 +6,9 @@ typed wrapper, the ``torch.ops`` dispatch, the op body (a repeat of earlier meta
 and, for comparison, what a first call with new metadata adds: the argument checks, the launch planning
 (launcher without its kernels), and Triton's own launch path for each kernel. A yardstick of the host's own
 speed comes first: one eager ``torch.add(a, b, out=c)`` on one-element device tensors (an aten op's dispatch and
-launch), so runs on hosts of different speed can be compared, and the floor of any Triton launch there (a compiled
-kernel of two arguments that does nothing, launched through its compiled launcher).
+launch), so runs on hosts of different speed can be compared, the floor of any Triton launch there (a compiled
+kernel of two arguments that does nothing, launched through its compiled launcher) and that of the ``torch.ops``
+layer (the same arguments into a custom op of the same schema whose kernel does nothing).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from triton_paged_ops.bench import (
     build_inputs,
     call_layer_times_us,
     decode_loop_times_us,
+    dispatcher_floor_us,
     finish,
     host_time_us,
     triton_launch_floor_us,
@@ -61,6 +63,7 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     res = {
         "aten_add_out": host_time_us(lambda: torch.add(one, one, out=sink), calls),
         "triton_launch_floor": triton_launch_floor_us(calls),
+        "dispatcher_floor": dispatcher_floor_us(inp.args, out, calls),
         **call_layer_times_us(inp.args, out, calls),
         **decode_loop_times_us(inp.args, out, calls),
         "first_call_checks": host_time_us(

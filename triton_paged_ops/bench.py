@@ -261,6 +261,23 @@ def triton_launch_floor_us(calls: int = 200) -> float:
     return host_time_us(lambda: compiled.run(1, 1, 1, stream, fn, meta, None, None, hook, ptr, ptr), calls)
 
 
+# A custom op with the out variant's schema whose Python kernel does nothing (registered on first use).
+_FLOOR_LIB: list = []
+
+
+def dispatcher_floor_us(args: tuple, out: torch.Tensor, calls: int = 200) -> float:
+    """Host time of ``torch.ops`` with these arguments into a Python kernel that does nothing: the part of a
+    ``torch.ops.tpa.paged_attention_out(*args, out=out)`` call that is PyTorch's (argument conversion both ways
+    through the schema, dispatch), the floor under that layer of ``call_layer_times_us``."""
+    if not _FLOOR_LIB:
+        lib = torch.library.Library("tpa_floor", "DEF")
+        lib.define(f"paged_attention_out{ops._ATTENTION_OPS['paged_attention_out']}")
+        lib.impl("paged_attention_out", lambda *a, **kw: None, "CompositeExplicitAutograd")
+        _FLOOR_LIB.append(lib)  # (the registration lives as long as the Library object)
+    noop = torch.ops.tpa_floor.paged_attention_out
+    return host_time_us(lambda: noop(*args, out=out), calls)
+
+
 def call_layer_times_us(args: tuple, out: torch.Tensor, calls: int = 200) -> dict[str, float]:
     """Host time of one repeated ``paged_attention_out(*args, out=out)`` call through each layer, outside in: the
     typed wrapper, the ``torch.ops`` dispatch, and the op body alone (see ``host_time_us``: median, and ``_min``
