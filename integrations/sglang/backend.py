@@ -35,8 +35,8 @@ def _draft_chain(forward_batch) -> int:
     num = getattr(spec, "draft_token_num", None)
     if topk != 1 or not num:
         raise NotImplementedError(
-            f"tpa backend: target verify of draft trees ({type(spec).__name__}, topk {topk}) is not supported; "
-            "draft chains (--speculative-eagle-topk 1) are"
+            f"tpa backend: target verify of draft trees is not supported, only of draft chains (topk 1, e.g. "
+            f"--speculative-eagle-topk 1); got {type(spec).__name__} with topk {topk}, draft_token_num {num}"
         )
     if getattr(spec, "ragged_verify_layout", None) is not None:
         raise NotImplementedError("tpa backend: ragged target verify (SGLANG_RAGGED_VERIFY_MODE) is not supported")
