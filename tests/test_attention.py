@@ -526,6 +526,81 @@ def _assert_same_bits_under(p, overrides: list[dict]) -> None:
         assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
 
 
+def test_fp8_raw_bytes_only_where_asked_and_supported(monkeypatch):
+    """``fp8_convert`` 2 passes e4m3fn caches as raw bytes to a kernel that widens them with PTX: only when asked
+    for, on a device with that conversion, for 16-bit queries, and never under the interpreter."""
+    from triton_paged_ops import configs, plan
+
+    fp8 = torch.float8_e4m3fn
+    # Device 0 as a GPU without tuned tables (heuristic tiles), whatever this machine has.
+    monkeypatch.setattr(configs, "lookup", lambda *args: None)
+    monkeypatch.setattr(plan, "_num_sms", lambda device_index: 132)
+    monkeypatch.setattr(attention, "dependent_launch_supported", lambda device_index: False)
+
+    def raw(dtype, cache_dtype, interpret, supported):
+        monkeypatch.setattr(attention, "fp8_convert_supported", lambda device_index: supported)
+        attention._cached_launch_plan.cache_clear()  # (support is fixed per device: not in the plan cache's key)
+        return attention_launch_plan(
+            num_q_heads=4, num_kv_heads=2, head_dim=32, head_dim_v=32, page_size=16, dtype=dtype,
+            cache_dtype=cache_dtype, num_seqs=2, max_seqlen_q=1, max_seqlen_k=40, causal=True, window_left=-1,
+            softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=True, has_v_scale=True, has_rows=False,
+            want_lse=False, device_index=None if interpret else 0, interpret=interpret,
+        ).constexprs["FP8_RAW"]  # fmt: skip
+
+    assert not raw(torch.bfloat16, fp8, False, True)  # not asked for (the default)
+    with attention_config_override(fp8_convert=2):
+        assert raw(torch.bfloat16, fp8, False, True) and raw(torch.float16, fp8, False, True)
+        assert not raw(torch.bfloat16, fp8, True, True)  # the interpreter
+        assert not raw(torch.bfloat16, fp8, False, False)  # a device without the conversion
+        assert not raw(torch.float32, fp8, False, True) and not raw(torch.float16, torch.float16, False, True)
+    attention._cached_launch_plan.cache_clear()  # no plan made under the stand-in device outlives the test
+
+
+def test_fp8_raw_bytes_reach_the_kernel_as_uint8_views(monkeypatch):
+    """With raw fp8 caches (``fp8_convert`` 2), the kernel's own launch gets uint8 views of the caches (same
+    addresses), and a repeat takes the short path with those addresses (stand-in kernels: nothing runs)."""
+    from triton_paged_ops.kernels import standin
+
+    monkeypatch.setattr(attention, "fp8_convert_supported", lambda device_index: True)
+    spec = Spec(q_lens=[1, 1], kv_lens=[40, 7], pad_tokens=0, page_size=16, num_kv_heads=2, group=2, head_dim=32,
+                head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0, use_alibi=False,
+                use_sinks=False, use_kv_scale=True, scale=0.2, strided=False, spare_pages=0, extra_cols=0,
+                tiles=None, seed=3, fp8_cache=True)  # fmt: skip
+    p = build(spec, "cpu")
+    out = torch.empty(p.q.shape[0], p.q.shape[1], spec.head_dim_v, dtype=p.q.dtype)
+    k_cache, v_cache = p.args[1], p.args[2]
+    kw = dict(p.kwargs)
+    launch = (*p.args, spec.causal, -1, 0.0, None, None, kw.get("k_scale"), kw.get("v_scale"), None, out, None)
+    with standin.recording_launches() as (kernel, _), attention_config_override(fp8_convert=2):
+        prepared = attention._launch_paged_attention(*launch, False)
+        assert prepared.plan.constexprs["FP8_RAW"]
+        [(_, args, _)] = kernel.own
+        assert args[1].dtype == args[2].dtype == torch.uint8
+        assert (args[1].data_ptr(), args[2].data_ptr()) == (k_cache.data_ptr(), v_cache.data_ptr())
+        assert args[1].shape == k_cache.shape and args[1].stride() == k_cache.stride()
+        attention.run_attention_launch(prepared, *p.args[:6], (None, None, kw.get("k_scale"), kw.get("v_scale"), None),
+                                       out, None)  # fmt: skip
+        assert len(kernel.own) == 1 and len(kernel.runs) == 1
+        assert kernel.runs[0][2][1:3] == (k_cache.data_ptr(), v_cache.data_ptr())
+    attention._cached_launch_plan.cache_clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not attention.fp8_convert_supported(0),
+                    reason="needs an NVIDIA GPU of sm_89 or newer")  # fmt: skip
+@settings(max_examples=max(8, settings.default.max_examples // 3))
+@given(spec=specs(dtypes=(torch.bfloat16, torch.float16), max_work=MAX_WORK))
+def test_fp8_raw_bytes_give_the_same_bits(spec):
+    """``fp8_convert`` 2 (raw fp8 bytes widened by PTX where loaded) changes where the exact fp8 -> fp16 widening
+    happens, not the products: the bits of Triton's widening, in every regime the strategy draws."""
+    spec.fp8_cache = True
+    p = build(spec, DEVICE)
+    base = {"BLOCK_M": spec.tiles[0], "BLOCK_N": spec.tiles[1]} if spec.tiles is not None else {}
+    if spec.num_splits:
+        base["num_splits"] = spec.num_splits
+    _assert_same_bits_under(p, [dict(base, fp8_convert=1), dict(base, fp8_convert=2)])
+
+
 @pytest.mark.parametrize("guard", [1, 2])
 def test_scores_one_tile_ahead_give_the_same_bits(guard):
     """``qk_ahead`` 2 (taller tiles' unmasked loop scores the next tile before reducing the current one) changes
