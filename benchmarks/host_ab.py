@@ -34,21 +34,18 @@ def measure() -> dict:
     one = torch.ones(1, device="cuda")
     sink = torch.empty_like(one)
     res: dict = {"aten_add_out": host_time_us(lambda: torch.add(one, one, out=sink))}
-    try:  # (a checkout under test may predate it)
-        from triton_paged_ops.bench import triton_launch_floor_us
+    from triton_paged_ops import bench
 
-        res["triton_launch_floor"] = triton_launch_floor_us()
-    except ImportError:
-        pass
+    # (A checkout under test may predate the floors.)
+    launch_floor = getattr(bench, "triton_launch_floor_us", None)
+    dispatcher_floor = getattr(bench, "dispatcher_floor_us", None)
+    if launch_floor is not None:
+        res["triton_launch_floor"] = launch_floor()
     for name, lens in CASES.items():
         inp = build_inputs(Case("host", lens), seed=0)
         res[name] = call_layer_times_us(inp.args, inp.out)
-        try:  # (idem)
-            from triton_paged_ops.bench import dispatcher_floor_us
-
-            res[name]["dispatcher_floor"] = dispatcher_floor_us(inp.args, inp.out)
-        except ImportError:
-            pass
+        if dispatcher_floor is not None:
+            res[name]["dispatcher_floor"] = dispatcher_floor(inp.args, inp.out)
     return res
 
 

@@ -1381,9 +1381,9 @@ def _default_stream(device_index: int) -> int:
     return handle
 
 
-def _kept_on(stream: int | None, like: torch.Tensor) -> bool:
+def _kept_on(stream: int | None, device_index: int) -> bool:
     """Whether launches on ``stream`` (None: the interpreter) reuse kept scratch buffers: only the default one."""
-    return stream is None or stream == _default_stream(like.get_device())
+    return stream is None or stream == _default_stream(device_index)
 
 
 def _scratch_buffers() -> dict[tuple, torch.Tensor]:
@@ -1399,10 +1399,11 @@ def _scratch(kind: str, like: torch.Tensor, n: int, dtype: torch.dtype, stream: 
     """At least ``n`` elements (zeros if ``zero``) for a launch on ``like``'s device and its current ``stream`` (None:
     the interpreter). ``fresh``: a new buffer whatever the stream (traced launches, ``wrap``: their memory belongs
     to their graph)."""
-    if fresh or not _kept_on(stream, like):
+    device = like.get_device()  # (an index: cheaper to get and hash than a torch.device, per call)
+    if fresh or not _kept_on(stream, device):
         return like.new_zeros(n, dtype=dtype) if zero else like.new_empty(n, dtype=dtype)
     buffers = _scratch_buffers()
-    key = (kind, like.get_device())  # (a device index: cheaper to get and hash than a torch.device, per call)
+    key = (kind, device)
     buf = buffers.get(key)
     if buf is None or buf.numel() < n:
         # The old buffer is dropped: launches queued on the stream that still use it run before any reuse.
@@ -1420,15 +1421,16 @@ def _workspace(q: torch.Tensor, lse_elems: int, out_elems: int, stream: int | No
     if wrap is not None:
         return q.new_empty(out_elems, dtype=torch.float32), q.new_empty(lse_elems, dtype=torch.float32)
     buf = _scratch("workspace", q, lse_elems + out_elems, torch.float32, stream, False)
-    if not _kept_on(stream, q):
+    device = q.get_device()
+    if not _kept_on(stream, device):
         return buf[lse_elems:], buf
     views = getattr(_LOCAL, "views", None)
     if views is None:
         views = _LOCAL.views = {}
-    entry = views.get(q.get_device())
+    entry = views.get(device)
     if entry is None or entry[0] is not buf:
         # A new buffer: the old one's views go with it.
-        entry = views[q.get_device()] = (buf, {})
+        entry = views[device] = (buf, {})
     out_view = entry[1].get(lse_elems)
     if out_view is None:
         out_view = entry[1][lse_elems] = buf[lse_elems:]
