@@ -231,6 +231,24 @@ def test_page_guard_defaults():
         assert guard(fp8, 1) == guard(None, 300) == 1
 
 
+def test_fp8_decode_split_policy_defaults():
+    """fp8 decode bounds segments in bytes (4096 one-byte keys), fills 90% of the program slots before splitting and
+    dispatches the longest work first; 16-bit decode and fp8 launches of taller tiles keep the planner's defaults,
+    and an override still decides."""
+    fp8 = torch.float8_e4m3fn
+
+    def cfg(cache_dtype, max_q):
+        return select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)
+
+    fp8_decode = cfg(fp8, 1)
+    assert (fp8_decode["max_segment"], fp8_decode["fill_percent"], fp8_decode["decode_order"]) == (4096, 90, 4)
+    for other in (cfg(None, 1), cfg(fp8, 8), cfg(fp8, MAX_SPLIT_Q_LEN + 1)):
+        assert "max_segment" not in other and "fill_percent" not in other
+    assert cfg(None, 1)["decode_order"] == 4 and cfg(fp8, 8)["decode_order"] == 1
+    with attention_config_override(max_segment=2048, fill_percent=100):
+        assert (cfg(fp8, 1)["max_segment"], cfg(fp8, 1)["fill_percent"]) == (2048, 100)
+
+
 def test_fp8_decode_candidates_include_wider_tiles():
     """fp8 tiles are half the bytes: the GPU search for fp8 decode tries 256-key tiles, the bf16 search does not."""
     from triton_paged_ops.tune import candidates
@@ -247,7 +265,8 @@ def test_fp8_decode_candidates_include_wider_tiles():
     [({"fill_segment": 0}, "fill_segment"), ({"min_segment": -5}, "min_segment"), ({"BLOCK_N": 48}, "BLOCK_N"),
      ({"num_splits": 0}, "num_splits"), ({"min_segment": 4096, "max_segment": 1024}, "min_segment"),
      ({"invariant_leaves": 3}, "invariant_leaves"), ({"invariant_programs": 4}, "invariant_programs"),
-     ({"kv_offsets": 3}, "kv_offsets"), ({"fp8_convert": 0}, "fp8_convert")],
+     ({"kv_offsets": 3}, "kv_offsets"), ({"fp8_convert": 0}, "fp8_convert"), ({"fill_percent": 101}, "fill_percent"),
+     ({"fill_percent": 0}, "fill_percent")],
 )  # fmt: skip
 def test_config_override_names_a_bad_value(cfg, names):
     with pytest.raises(ValueError, match=names), attention_config_override(**cfg):

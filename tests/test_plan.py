@@ -60,6 +60,34 @@ def test_plan_fills_the_gpu_only_when_needed():
     assert pool.num_splits * 256 * 8 <= MAX_WAVES * 132 * 4 and pool.num_splits < MAX_SPLITS
 
 
+def test_a_grid_just_short_of_its_slots_is_not_doubled():
+    # 32 sequences x 8 KV heads: 256 programs for 132 SMs x 2 slots.
+    args = (32, 8, 1, 4096, 128, 132)
+    assert plan_splits(*args, programs_per_sm=2, max_segment=4096).num_splits == 2
+    assert plan_splits(*args, programs_per_sm=2, max_segment=4096, fill_percent=90).num_splits == 1
+    # Half the slots: split either way.
+    assert plan_splits(16, 8, 1, 4096, 128, 132, programs_per_sm=2, max_segment=4096, fill_percent=90).num_splits == 2
+
+
+@given(
+    num_seqs=st.integers(1, 512),
+    num_kv_heads=st.sampled_from((1, 2, 8)),
+    max_seqlen_k=st.integers(1, 100_000),
+    programs_per_sm=st.integers(1, 4),
+    fill_percent=st.integers(1, 100),
+)
+def test_a_lower_fill_share_never_adds_segments(num_seqs, num_kv_heads, max_seqlen_k, programs_per_sm, fill_percent):
+    """``fill_percent`` only lowers the fill target: never more segments than with the whole slots, and without a
+    cap in the way (length, split limit) the grid still reaches that share of the slots."""
+    kw = {"programs_per_sm": programs_per_sm, "max_segment": 1 << 20, "fill_segment": 1 << 20, "min_segment": 128}
+    part = plan_splits(num_seqs, num_kv_heads, 1, max_seqlen_k, 128, 132, fill_percent=fill_percent, **kw)
+    whole = plan_splits(num_seqs, num_kv_heads, 1, max_seqlen_k, 128, 132, **kw)
+    assert part.num_splits <= whole.num_splits
+    base = num_seqs * num_kv_heads
+    capped = max_seqlen_k // 128 <= part.num_splits or part.num_splits >= MAX_SPLITS
+    assert capped or 100 * base * part.num_splits >= 132 * programs_per_sm * fill_percent
+
+
 @given(num_splits=st.integers(1, 100), max_seqlen_k=st.integers(0, 100_000), block_n=st.sampled_from((16, 64)))
 def test_forced_plan_respects_tiles(num_splits, max_seqlen_k, block_n):
     plan = forced_split_plan(num_splits, max_seqlen_k, block_n)

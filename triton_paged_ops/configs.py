@@ -34,7 +34,9 @@ import triton
 SCHEMA = 1
 REGIMES = ("decode", "short", "prefill")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
-SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment", "fill_segment")
+# Split policy of decode and short queries (plan.plan_splits): program slots per SM, segment bounds in keys, the
+# shortest segment of a grid that leaves SMs idle, and the share (%) of the slots a grid must fill without splitting.
+SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment", "fill_segment", "fill_percent")
 # Batch-invariant mode: keys per fixed KV segment (a multiple of the decode KV tile); leaves per segment (a power of
 # two: each leaf its own online softmax, a segment the in-order fold of its leaves, a row the in-order fold of its
 # segments); who computes them: 1 one program per segment, 2 one per leaf where the segments' programs would leave
@@ -125,6 +127,8 @@ def validate_config(cfg: object) -> str | None:
         return f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']}"
     if cfg.get("num_stages", 2) > 8:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
+    if cfg.get("fill_percent", 100) > 100:
+        return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
     for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "fp8_convert"):

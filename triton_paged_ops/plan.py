@@ -58,13 +58,15 @@ def plan_splits(
     min_segment: int = 1024,
     max_segment: int = 2048,
     fill_segment: int = 256,
+    fill_percent: int = 100,
     *,
     block_q: int = 1,
     token_bytes: int = 0,
 ) -> SplitPlan:
     """Choose the KV segment length so that the programs (query blocks x KV heads x segments) fill the GPU.
 
-    Short queries (decode): ``num_seqs * num_kv_heads * splits`` programs, ``programs_per_sm`` per SM. Segments are
+    Short queries (decode): ``num_seqs * num_kv_heads * splits`` programs, ``programs_per_sm`` per SM, split until
+    they fill ``fill_percent`` of those slots. Segments are
     at least ``min_segment`` keys (shorter loops are dominated by their start-up latency and the merge), and at most
     ``max_segment`` keys so that in a ragged batch the few longest sequences are spread over several programs
     instead of finishing last; sequences shorter than ``max_seqlen_k`` simply use fewer segments (their other
@@ -85,7 +87,10 @@ def plan_splits(
             splits = min(splits, SPLIT_WORKSPACE_BYTES // (num_seqs * max_seqlen_q * token_bytes))
     else:
         base = max(1, num_seqs * num_kv_heads)
-        want = max(-(-num_sms * programs_per_sm // base), -(-max_seqlen_k // max_segment))
+        # Enough segments that the programs fill ``fill_percent`` of the SMs' program slots: a grid just short of
+        # them (B32 x 8 KV heads: 256 of 264) would otherwise double its programs for the last few slots.
+        slots = num_sms * programs_per_sm * fill_percent
+        want = max(-(-slots // (100 * base)), -(-max_seqlen_k // max_segment))
         # A loose context bound (a CUDA graph's is the whole pool) must not multiply the programs of a batch that
         # already fills the GPU: at most MAX_WAVES times the programs that fill it, counting empty ones.
         splits = min(want, by_length, MAX_SPLITS, max(1, MAX_WAVES * num_sms * programs_per_sm // base))

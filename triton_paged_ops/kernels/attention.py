@@ -514,15 +514,15 @@ PREPARED = PreparedLaunches()
 def attention_config_override(**cfg: int) -> Iterator[None]:
     """Force launch options in a block: tiles (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``), the split
     policy (``programs_per_sm``, ``min_segment``, ``max_segment``, ``fill_segment``: the shortest segment of a grid
-    that would leave SMs idle) or a fixed split count (``num_splits``), the batch-invariant segment
-    (``invariant_segment``), the decode dispatch order (``decode_order``: 1 sequences
-    outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like 3 with each sequence's segments
-    in the last groups) and who merges split-KV partials
-    (``split_merge``: 1 a second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that
-    second kernel is a plain launch, 2 a programmatic dependent one where the device has it), and the KV tile width of
-    one-token rows in a launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows),
-    what a key whose page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and
-    how tall tiles read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies).
+    that would leave SMs idle, ``fill_percent``: the share of program slots a grid must fill unsplit) or a fixed
+    split count (``num_splits``), the batch-invariant segment (``invariant_segment``), the decode dispatch order
+    (``decode_order``: 1 sequences outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like
+    3 with each sequence's segments in the last groups) and who merges split-KV partials (``split_merge``: 1 a
+    second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that second kernel is a plain
+    launch, 2 a programmatic dependent one where the device has it), and the KV tile width of one-token rows in a
+    launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows), what a key whose
+    page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and how tall tiles
+    read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -584,8 +584,18 @@ def select_attention_config(
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
     # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14). Order 4 adds the
-    # longest-work-first segment order: +2.7% on a ragged batch, the same elsewhere (NOTES v16).
-    cfg.setdefault("decode_order", 1 if cache_dtype is not None and cache_dtype.itemsize == 1 else 4)
+    # longest-work-first segment order: +2.7% on a ragged batch, the same elsewhere (NOTES v16); with fp8 caches'
+    # longer segments (below) it keeps the ragged batch within 2% (NOTES v27).
+    byte_cache = cache_dtype is not None and cache_dtype.itemsize == 1
+    cfg.setdefault("decode_order", 1 if byte_cache and max_seqlen_q > 1 else 4)
+    if byte_cache and max_seqlen_q <= 1:
+        # fp8 decode: a program of one 2048-key segment costs relatively more to start (two programs per SM), so
+        # segments are bounded in bytes, as 16-bit caches' are (4096 one-byte keys), and a grid within 10% of the
+        # program slots is not doubled to fill the rest (B32 x 8 KV heads: 256 programs of 264). H200, fp8 copies
+        # of the decode suite: B32x4k 89.8 -> 84.3 µs, B64x8k 333.5 -> 318.9, the ragged batch (longest first,
+        # order 4) 151.9 -> 154.6, the suite's total 2.1% less (NOTES v27).
+        cfg.setdefault("max_segment", 4096)
+        cfg.setdefault("fill_percent", 90)
     # Split-KV partials merged by a second kernel (1) or by the last segment program of each tile (2): on the H200
     # the in-kernel merge gained nothing in the default mode and lost on B1x32k (32 arrivals per tile; NOTES v14).
     cfg.setdefault("split_merge", 1)
