@@ -62,16 +62,13 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     )  # fmt: skip
     split = lp.split.num_splits > 1
     f32 = torch.float32
-    # (``fp8_convert`` 2: the launch passes the fp8 caches as their raw bytes.)
-    kv_dtype = torch.uint8 if lp.constexprs["FP8_RAW"] else cache_dtype
-    pointers = {"q_ptr": dtype, "k_cache_ptr": kv_dtype, "v_cache_ptr": kv_dtype,
+    pointers = {"q_ptr": dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
                 "out_ptr": f32 if split else dtype, "lse_ptr": f32, "alibi_slopes_ptr": f32, "sinks_ptr": f32,
                 "k_scale_ptr": f32, "v_scale_ptr": f32, "merge_count_ptr": torch.int32, "final_out_ptr": dtype,
                 "final_lse_ptr": f32}  # fmt: skip
     index_ptrs = ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")
     pointers |= {p: torch.int32 for p in index_ptrs}
-    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits} block_copies={lp.constexprs['KV_DESC']} "
-                                 f"fp8_raw={lp.constexprs['FP8_RAW']}"}  # fmt: skip
+    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits} block_copies={lp.constexprs['KV_DESC']}"}
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
@@ -157,19 +154,6 @@ def main() -> int:
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))
-    # fp8 caches read as raw bytes and widened by PTX where loaded (``fp8_convert`` 2), on an sm_90 device: decode
-    # (the H200 table's fp8 entry), short queries and prefill, bf16 and fp16 queries.
-    attention.fp8_convert_supported = lambda device_index: device_index is not None
-    fp8 = torch.float8_e4m3fn
-    raw = {
-        "decode fp8 raw": dict(max_k=16384),
-        "decode fp8 raw fp16 query": dict(dtype=torch.float16, num_seqs=64, max_k=4096),
-        "short fp8 raw": dict(max_q=8, max_k=4096),
-        "prefill fp8 raw": dict(max_q=512, lse=True, sinks=True),
-    }
-    with attention.attention_config_override(fp8_convert=2):
-        results += [attention_variant(name, cache_dtype=fp8, scales=True, device_index=0, **kw)
-                    for name, kw in raw.items()]  # fmt: skip
     json.dump(results, sys.stdout)
     return 0
 

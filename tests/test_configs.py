@@ -265,7 +265,7 @@ def test_fp8_decode_candidates_include_wider_tiles():
     [({"fill_segment": 0}, "fill_segment"), ({"min_segment": -5}, "min_segment"), ({"BLOCK_N": 48}, "BLOCK_N"),
      ({"num_splits": 0}, "num_splits"), ({"min_segment": 4096, "max_segment": 1024}, "min_segment"),
      ({"invariant_leaves": 3}, "invariant_leaves"), ({"invariant_programs": 4}, "invariant_programs"),
-     ({"kv_offsets": 3}, "kv_offsets"), ({"fp8_convert": 0}, "fp8_convert"), ({"fill_percent": 101}, "fill_percent"),
+     ({"kv_offsets": 3}, "kv_offsets"), ({"fill_percent": 101}, "fill_percent"),
      ({"fill_percent": 0}, "fill_percent")],
 )  # fmt: skip
 def test_config_override_names_a_bad_value(cfg, names):

@@ -62,10 +62,7 @@ GUARD_KEYS = ("page_guard",)
 # 2^31 (default).
 # Taller tiles' unmasked loop: 1 each tile scored and reduced in turn (default), 2 the next tile scored before the
 # current one's softmax (tensor-core work in flight during it).
-# fp8 (e4m3fn) caches read by 16-bit queries: 1 widened by Triton in the tensor-core operand layout (default), 2 read
-# as raw bytes and widened by the PTX conversion in the layout they are loaded in, then staged in shared memory as
-# fp16 (NVIDIA sm_89+; Triton's path elsewhere).
-LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "fp8_convert")
+LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead")
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -131,7 +128,7 @@ def validate_config(cfg: object) -> str | None:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "fp8_convert"):
+    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):

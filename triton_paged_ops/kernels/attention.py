@@ -201,8 +201,6 @@ def _tile_scores(
                 mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
                 other=0.0,
             )
-    if k.dtype == tl.uint8:  # raw e4m3 bytes (FP8_RAW): widened here, in the layout they were loaded in
-        k = _e4m3_to_f16(k)
     s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
     # Where the tile's V rows are: the descriptor's first row, or each key's offset.
     v_loc = desc_row if KV_DESC else v_row
@@ -274,22 +272,8 @@ def _tile_update(
             mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
             other=0.0,
         )
-    if v.dtype == tl.uint8:  # (as K in _tile_scores)
-        v = _e4m3_to_f16(v)
     acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
-
-
-@triton.jit
-def _e4m3_to_f16(x):
-    """fp16 values of raw fp8 e4m3 bytes, four per asm call (``cvt.rn.f16x2.e4m3x2``, the conversion Triton itself
-    emits). Not pure on purpose: Triton's layout passes then leave the conversion where the bytes are loaded instead
-    of moving it into the tensor-core operand layout, which reads 8-bit tiles from shared memory piecemeal and
-    re-pairs them there (sm_90 SASS of the fp8 decode loop: 867 -> 563 instructions per 128-key tile, NOTES v26)."""
-    return tl.inline_asm_elementwise(
-        asm="{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=False, pack=4,
-    )  # fmt: skip
 
 
 @triton.jit
@@ -616,8 +600,6 @@ def select_attention_config(
     cfg.setdefault("kv_offsets", 2)
     # Taller tiles' unmasked loop scores the next tile before the current one's softmax (2; off until measured).
     cfg.setdefault("qk_ahead", 1)
-    # fp8 caches: Triton's widening (1) or raw bytes widened by PTX where loaded (2; off until measured on a GPU).
-    cfg.setdefault("fp8_convert", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -967,12 +949,8 @@ def _paged_attention_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr,
     QK_AHEAD: tl.constexpr,
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
-    FP8_RAW: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
-    if FP8_RAW:
-        # fp8 caches passed as their raw bytes (``fp8_convert`` 2): the tile functions widen uint8 tiles themselves.
-        tl.static_assert(k_cache_ptr.dtype.element_ty == tl.uint8, "FP8_RAW takes uint8 views of the caches")
     if LAUNCH_DEPENDENTS:
         # The reduce kernel (a dependent launch) may be scheduled once every program here has started; it waits for
         # this kernel's end before reading, so this only moves its launch off the critical path.
@@ -1281,8 +1259,6 @@ def _cached_launch_plan(
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
-        FP8_RAW=(cfg["fp8_convert"] == 2 and cache_dtype == torch.float8_e4m3fn and dtype != torch.float32
-                 and not interpret and fp8_convert_supported(device_index)),
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
@@ -1292,14 +1268,6 @@ def _cached_launch_plan(
         options["enable_fp_fusion"] = False
     kernel_id = _KERNEL_IDS.setdefault((tuple(constexprs.items()), tuple(options.items())), len(_KERNEL_IDS))
     return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id)
-
-
-def fp8_convert_supported(device_index: int | None) -> bool:
-    """Whether CUDA device ``device_index`` has the PTX fp8 -> fp16 conversion ``_e4m3_to_f16`` emits (sm_89+;
-    not ROCm, not the interpreter)."""
-    if device_index is None or torch.version.hip is not None:
-        return False
-    return torch.cuda.get_device_capability(device_index) >= (8, 9)
 
 
 def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> bool:
@@ -1609,9 +1577,6 @@ def run_attention_launch(
         merge = (counts, out, lse if lse is not None else out)
     else:
         merge = (q, q, q)
-    if lp.constexprs["FP8_RAW"]:
-        # (Repeats above pass addresses only: the compiled kernel they reuse is this launch's.)
-        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     # Absent optional tensors are never read (their constexpr flags are off): q stands in for the pointer.
     args = (
         q, k_cache, v_cache, dst_out, dst_lse, block_table,
