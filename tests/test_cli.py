@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from triton_paged_ops.__main__ import main
 
 
@@ -137,3 +140,21 @@ def test_prefill_suite_cases_and_causal_flops():
     inp = build_inputs(small, seed=2, device=device)
     assert inp.flops == 4.0 * pairs * 4 * 64 and inp.out.shape == (35, 4, 64)
     assert check_case(inp) < 2e-3
+
+
+def test_fp8_split_benchmark_cases_and_arguments(capsys):
+    """``benchmarks.fp8_split`` runs fp8-cache copies of the decode suite's page-16 D128 cases; its configs must be
+    JSON objects (a clear error otherwise), and without a GPU it says so instead of timing anything."""
+    from benchmarks import fp8_split
+
+    cases = fp8_split.fp8_cases()
+    names = {c.name for c in cases}
+    assert {"B32x4k fp8", "B64x8k fp8", "ragged96 128..8k fp8", "Hq8/Hkv1 B64x4k fp8"} <= names
+    assert all(c.cache_dtype == torch.float8_e4m3fn and c.page_size == 16 and c.head_dim == 128 for c in cases)
+    assert len(names) == len(cases)
+    for bad in (["--config", "max_segment=4096"], ["--config", "[1]"]):
+        with pytest.raises(SystemExit) as exc:
+            fp8_split.main(bad)
+        assert exc.value.code == 2 and "JSON objects" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert fp8_split.main(["--out", ""]) == 2
