@@ -24,7 +24,7 @@ from triton_paged_ops.kernels import attention, cache, merge
 TARGET = GPUTarget("cuda", 90, 32)
 SM90_SHARED_BYTES = 232448  # largest shared memory one program may use on sm_90 (227 KiB)
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv",
-        torch.int32: "*i32", torch.int64: "*i64", torch.uint8: "*u8"}  # fmt: skip
+        torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
 
 
 def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: dict) -> int:

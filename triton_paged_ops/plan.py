@@ -89,8 +89,8 @@ def plan_splits(
         base = max(1, num_seqs * num_kv_heads)
         # Enough segments that the programs fill ``fill_percent`` of the SMs' program slots: a grid just short of
         # them (B32 x 8 KV heads: 256 of 264) would otherwise double its programs for the last few slots.
-        slots = num_sms * programs_per_sm * fill_percent
-        want = max(-(-slots // (100 * base)), -(-max_seqlen_k // max_segment))
+        fill_target = num_sms * programs_per_sm * fill_percent  # (in hundredths of a program)
+        want = max(-(-fill_target // (100 * base)), -(-max_seqlen_k // max_segment))
         # A loose context bound (a CUDA graph's is the whole pool) must not multiply the programs of a batch that
         # already fills the GPU: at most MAX_WAVES times the programs that fill it, counting empty ones.
         splits = min(want, by_length, MAX_SPLITS, max(1, MAX_WAVES * num_sms * programs_per_sm // base))
