@@ -100,11 +100,13 @@ def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
         for e in table["entries"]:
             dtype, _, cache = e["dtype"].partition("+")
             cache_dtype = getattr(torch, cache) if cache else None
-            max_q = {"decode": 1, "short": 8, "prefill": 512}[e["regime"]]
+            max_q = {"decode": 1, "decode_large": 1, "short": 8, "prefill": 512}[e["regime"]]
+            # decode_large: a batch with one (sequence, KV head) pair per SM (the variants take 8 KV heads).
+            num_seqs = -(-num_sms // 8) if e["regime"] == "decode_large" else 4
             name = f"{table['gpu']} {e['dtype']} D{e['head_dim']} {e['regime']}"
             results.append(attention_variant(name, dtype=getattr(torch, dtype), cache_dtype=cache_dtype,
                                              head_dim=e["head_dim"], max_q=max_q, scales=cache_dtype is not None,
-                                             device_index=0))  # fmt: skip
+                                             device_index=0, num_seqs=num_seqs))  # fmt: skip
     return results
 
 

@@ -461,6 +461,32 @@ def test_matches_reference_large_bf16(spec):
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
 
 
+@pytest.mark.gpu
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_fp8_decode_of_batches_that_fill_the_gpu(data):
+    """One-token batches with at least one (sequence, KV head) pair per SM (the ``decode_large`` table entry where a
+    table has one: the H200's fp8 entry runs one-warp programs) on an fp8 cache: ragged lengths from 1 key, page
+    sizes 1 and 16, padding rows, against the reference on the dequantized cache."""
+    from triton_paged_ops.plan import num_sms_of
+
+    num_kv_heads = data.draw(st.sampled_from((8, 4)))
+    full = -(-num_sms_of(torch.device(DEVICE)) // num_kv_heads)
+    batch = data.draw(st.integers(full, 3 * full))
+    kv_lens = data.draw(st.lists(st.integers(1, 6000), min_size=batch, max_size=batch))
+    page_size = data.draw(st.sampled_from((1, 16)))
+    gen = torch.Generator(device=DEVICE).manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    p = random_paged_batch([1] * batch, kv_lens, num_q_heads=4 * num_kv_heads, num_kv_heads=num_kv_heads,
+                           head_dim=128, page_size=page_size, dtype=torch.bfloat16, device=DEVICE, generator=gen,
+                           pad_tokens=3, cache_dtype=torch.float8_e4m3fn)  # fmt: skip
+    scales = {"k_scale": torch.tensor([0.7], device=DEVICE), "v_scale": torch.tensor([1.3], device=DEVICE)}
+    out = torch.full((p.q.shape[0], p.q.shape[1], 128), float("nan"), dtype=p.q.dtype, device=DEVICE)
+    lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
+    tpa.paged_attention_out(*p.args, **scales, out=out, lse=lse)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], p.scale, **scales)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, torch.bfloat16, batch)
+
+
 def test_interpreter_is_on_without_gpu():
     """Guards the CI set-up: without a GPU the suite must be testing kernels (interpreter), not the reference."""
     assert INTERPRET or torch.cuda.is_available()

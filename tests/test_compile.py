@@ -36,7 +36,8 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     names = {r["name"]: r["plan"] for r in results if "plan" in r}
     for gpu, e in entries:
         plan = names[f"{gpu} {e['dtype']} D{e['head_dim']} {e['regime']}"]
-        assert all(f"'{k}': {v}" in plan for k, v in e["config"].items() if k in ("BLOCK_N", "num_stages")), plan
+        tiles = ("BLOCK_N", "num_stages", "num_warps")
+        assert all(f"'{k}': {v}" in plan for k, v in e["config"].items() if k in tiles), plan
     # The block-copy variants were compiled with their descriptors; a D256 prefill tile, whose copies would not fit
     # the shared memory, gathers.
     assert all("block_copies=True" in r["plan"] for r in results if "block copies" in r["name"])

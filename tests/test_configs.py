@@ -271,3 +271,68 @@ def test_fp8_decode_candidates_include_wider_tiles():
 def test_config_override_names_a_bad_value(cfg, names):
     with pytest.raises(ValueError, match=names), attention_config_override(**cfg):
         pass
+
+
+def _plan(num_seqs: int, max_q: int = 1, invariant: bool = False, num_kv_heads: int = 2):
+    from triton_paged_ops.kernels.attention import attention_launch_plan
+
+    return attention_launch_plan(
+        num_q_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=64, head_dim_v=64, page_size=16,
+        dtype=torch.float16, cache_dtype=torch.float16, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=4096,
+        causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False,
+        has_v_scale=False, has_rows=False, want_lse=False, device_index=DEVICE_INDEX, interpret=INTERPRET,
+        batch_invariant=invariant,
+    )  # fmt: skip
+
+
+def test_decode_large_entry_serves_batches_with_a_pair_per_sm(tables):
+    """One-token batches with at least one (sequence, KV head) pair per SM take the ``decode_large`` entry, smaller
+    ones the ``decode`` entry; a table without ``decode_large`` gives its ``decode`` entry to both; other regimes
+    are untouched. Batch-invariant mode takes the large batches' tile at every batch size and query length."""
+    from triton_paged_ops.plan import num_sms_of
+
+    user, _ = tables
+    sms = num_sms_of(torch.device(DEVICE))
+    assert configs.regime_of(1, MAX_SPLIT_Q_LEN, sms, sms) == "decode_large"
+    assert (
+        configs.regime_of(1, MAX_SPLIT_Q_LEN, sms - 1, sms) == configs.regime_of(1, MAX_SPLIT_Q_LEN, 10**6) == "decode"
+    )
+    assert configs.regime_of(2, MAX_SPLIT_Q_LEN, 10**6, sms) == "short"
+    user.parent.mkdir()
+    user.write_text(json.dumps(_file([_entry(32)])))
+    configs.reload()
+    small, large = -(-sms // 2) - 1, -(-sms // 2)  # sequences; 2 KV heads each
+    assert _plan(small).config["BLOCK_N"] == _plan(large).config["BLOCK_N"] == 32
+    large_entry = _entry(64, regime="decode_large", invariant_segment=1024)
+    large_entry["config"]["num_warps"] = 1
+    user.write_text(json.dumps(_file([_entry(32, invariant_segment=2048), large_entry])))
+    configs.reload()
+    tile = lambda lp: (lp.config["BLOCK_N"], lp.config["num_warps"])  # noqa: E731
+    assert tile(_plan(small)) == (32, 4) and tile(_plan(large)) == tile(_plan(4 * large)) == (64, 1)
+    # Forced: tuning's baseline of each group.
+    assert select_attention_config(64, 2, torch.float16, 1, INTERPRET, DEVICE_INDEX, regime="decode_large")[
+        "BLOCK_N"] == 64  # fmt: skip
+    assert _plan(large, max_q=8).config["BLOCK_N"] != 64 and _plan(small, max_q=8).config["BLOCK_N"] != 64
+    invariant = [_plan(b, max_q=q, invariant=True) for b in (1, small, large) for q in (1, 8, 300)]
+    assert {tile(lp) for lp in invariant} == {(64, 1)}
+    assert {lp.config["invariant_segment"] for lp in invariant} == {1024}
+
+
+def test_decode_large_tuning_groups():
+    """The decode_large group tunes on batches with a pair per SM (and tries one-warp programs), the decode group on
+    batches short of that."""
+    for sms, kv_heads in ((132, 8), (304, 8), (132, 2)):
+        for quick in (True, False):
+            full = -(-sms // kv_heads)
+            large = shape_grid("decode_large", 128, 4 * kv_heads, kv_heads, 16, torch.bfloat16, False, quick,
+                               None, sms)  # fmt: skip
+            small = shape_grid("decode", 128, 4 * kv_heads, kv_heads, 16, torch.bfloat16, False, quick, None, sms)
+            assert large and all(len(c.kv_lens) >= full and c.q_len == 1 for c in large)
+            assert small and all(len(c.kv_lens) < full and c.q_len == 1 for c in small)
+    cpu = shape_grid("decode_large", 64, 4, 2, 16, torch.float16, True, False, None, 132)
+    assert all(len(c.kv_lens) >= 66 for c in cpu)
+    for cache_dtype in (None, torch.float8_e4m3fn):
+        for quick in (True, False):
+            cands = candidates("decode_large", False, quick, cache_dtype)
+            assert any(c["num_warps"] == 1 for c in cands) and any(c["num_warps"] == 4 for c in cands)
+            assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)

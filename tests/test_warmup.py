@@ -39,6 +39,47 @@ def test_enumerated_variants_cover_random_serving_batches(invariant):
         assert lp.variant() in found, (batch, q, k)
 
 
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
+def test_enumerated_variants_cover_the_large_batch_decode_entry(tmp_path, monkeypatch, invariant):
+    """With a table whose ``decode_large`` entry (batches with a (sequence, KV head) pair per SM) has its own tiles
+    and split policy, the enumeration reaches the variants of both decode entries."""
+    import json
+
+    from triton_paged_ops import configs
+    from triton_paged_ops.plan import num_sms_of
+
+    dev = None if INTERPRET else torch.cuda.current_device()
+    gpu, cap = configs.device_identity(dev)
+    entries = [{"dtype": "float16", "head_dim": 64, "regime": regime, "config": config} for regime, config in (
+        ("decode", {"BLOCK_N": 32, "num_warps": 4, "programs_per_sm": 2}),
+        ("decode_large", {"BLOCK_N": 64, "num_warps": 1, "programs_per_sm": 6, "max_segment": 1024,
+                          "min_segment": 256, "invariant_segment": 1024}))]  # fmt: skip
+    user = tmp_path / "configs.json"
+    user.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
+        {"gpu": gpu, "capability": cap, "triton": configs.triton_version(), "entries": entries}]}))  # fmt: skip
+    monkeypatch.setenv("TPA_CONFIG_FILE", str(user))
+    configs.reload()
+    try:
+        full = -(-num_sms_of(torch.device(DEVICE)) // SETTINGS["num_kv_heads"])
+        limits = dict(max_batch=full + 20, max_context=4096, max_query=16)
+        found = reachable_variants(ServingSettings(**SETTINGS, **limits, batch_invariant=invariant), dev, INTERPRET)
+        rng = random.Random(2)
+        tiles = set()
+        for _ in range(1500):
+            batch = rng.choice([rng.randint(1, full - 1), rng.randint(full, limits["max_batch"])])
+            q = rng.choice([1, 1, rng.randint(2, 16)])
+            k = rng.randint(q, limits["max_context"])
+            lp = attention_launch_plan(**SETTINGS, cache_dtype=SETTINGS["dtype"], num_seqs=batch, max_seqlen_q=q,
+                                       max_seqlen_k=k, head_dim_v=64, device_index=dev, interpret=INTERPRET,
+                                       **FEATURES, batch_invariant=invariant)  # fmt: skip
+            assert lp.variant() in found, (batch, q, k)
+            tiles.add((q == 1, lp.config["BLOCK_N"], lp.config["num_warps"]))
+        # Both decode entries were in use (the mode: the large entry's tile everywhere).
+        assert {(True, 32, 4), (True, 64, 1)} <= tiles if not invariant else {t[1:] for t in tiles} == {(64, 1)}
+    finally:
+        configs.reload()
+
+
 def test_invariant_variants_cover_leaf_and_segment_programs():
     """Batch-invariant serving whose batches split by leaf (small grids) and by segment (large ones): the
     enumeration reaches both kinds of split program and the one-program fold."""
@@ -76,10 +117,16 @@ def test_warmup_runs_each_variant_and_reports(capsys):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
-def test_serving_loop_after_warmup_compiles_nothing(invariant):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_serving_loop_after_warmup_compiles_nothing(invariant, fp8):
+    """(An fp8 cache on an H200 also has a table entry of its own for batches with a pair per SM.)"""
     settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
     limits = dict(max_batch=48, max_context=8192, max_query=512)
-    st = ServingSettings(**settings, **limits, batch_invariant=invariant)
+    cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
+    st = ServingSettings(**settings, **limits, batch_invariant=invariant, cache_dtype=cache_dtype, kv_scale=fp8)
+    scales = (
+        {"k_scale": torch.tensor([0.5], device="cuda"), "v_scale": torch.tensor([2.0], device="cuda")} if fp8 else {}
+    )
     report = warmup(st)
     before = compiled_kernel_count()
     # Each variant has its own attention kernel (variants may share a reduce kernel: decode and prefill splits).
@@ -89,8 +136,8 @@ def test_serving_loop_after_warmup_compiles_nothing(invariant):
     assert before is not None and before >= len(attention_kernels)
     rng = random.Random(1)
     pages = 48 * 8192 // 16
-    k_cache = torch.randn(pages, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
+    k_cache = torch.randn(pages, 16, 8, 128, device="cuda").to(cache_dtype)
+    v_cache = torch.randn(pages, 16, 8, 128, device="cuda").to(cache_dtype)
     for step in range(60):
         batch = rng.randint(1, limits["max_batch"])
         kind = step % 3  # decode, short (speculative verify), mixed prefill chunk + decodes
@@ -104,8 +151,8 @@ def test_serving_loop_after_warmup_compiles_nothing(invariant):
         q = torch.randn(sum(q_lens), 32, 128, device="cuda", dtype=torch.bfloat16)
         slots = torch.randint(0, pages * 16, (sum(q_lens),), device="cuda")
         kv = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
-        tpa.reshape_and_cache(kv, kv, k_cache, v_cache, slots)
+        tpa.reshape_and_cache(kv, kv, k_cache, v_cache, slots, **scales)
         tpa.paged_attention(q, k_cache, v_cache, table, cu, torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
-                            max(q_lens), max(kv_lens), 128**-0.5, batch_invariant=invariant)  # fmt: skip
+                            max(q_lens), max(kv_lens), 128**-0.5, batch_invariant=invariant, **scales)  # fmt: skip
     torch.cuda.synchronize()
     assert compiled_kernel_count() == before

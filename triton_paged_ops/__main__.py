@@ -8,6 +8,8 @@ import argparse
 import os
 import sys
 
+_REGIMES = ("decode", "decode_large", "short", "prefill")  # configs.REGIMES (kept light: no torch import here)
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -46,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--cache-dtype", choices=("same", "fp8"), default="same",
                       help="KV cache dtype: as the queries, or float8_e4m3fn (default same)")  # fmt: skip
     tune.add_argument(
-        "--regime", nargs="+", choices=("decode", "short", "prefill"), default=["decode", "short", "prefill"],
-        help="query regimes: decode (1 token), short (<= 16 tokens), prefill (default: all three)",
+        "--regime", nargs="+", choices=_REGIMES, default=list(_REGIMES),
+        help="query regimes: decode (1 token), decode_large (1 token, a (sequence, KV head) pair per SM), short "
+        "(<= 16 tokens), prefill (default: all four)",
     )  # fmt: skip
     tune.add_argument("--num-heads", type=int, default=32, help="query heads of the tuning shapes (default 32)")
     tune.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the tuning shapes (default 8)")

@@ -1,9 +1,11 @@
 """Launch-config tables: measured configs per (GPU, compute capability, triton version, dtype, head dim, regime).
 
 A config fixes the attention kernel's tiles and launch options for one regime — ``decode`` (one query token per
-sequence), ``short`` (up to 16, e.g. speculative verification) or ``prefill`` — and, for the first two, the split-KV
-policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written
-by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the built-in
+sequence), ``decode_large`` (one token per sequence in a batch with at least one (sequence, KV head) pair per SM:
+a grid that fills the GPU unsplit; a table without this entry uses its ``decode`` entry), ``short`` (up to 16,
+e.g. speculative verification) or ``prefill`` — and, for the first three, the split-KV policy. Lookup order: the
+user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written by ``python -m
+triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the built-in
 heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
@@ -32,7 +34,7 @@ import torch
 import triton
 
 SCHEMA = 1
-REGIMES = ("decode", "short", "prefill")
+REGIMES = ("decode", "decode_large", "short", "prefill")
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 # Split policy of decode and short queries (plan.plan_splits): program slots per SM, segment bounds in keys, the
 # shortest segment of a grid that leaves SMs idle, and the share (%) of the slots a grid must fill without splitting.
@@ -102,9 +104,11 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def regime_of(max_seqlen_q: int, short_limit: int) -> str:
+def regime_of(max_seqlen_q: int, short_limit: int, pairs: int = 0, num_sms: int = 0) -> str:
+    """The regime of a launch with query bound ``max_seqlen_q`` and ``pairs`` (sequence, KV head) pairs on a GPU of
+    ``num_sms`` SMs (0: unknown, never ``decode_large``)."""
     if max_seqlen_q <= 1:
-        return "decode"
+        return "decode_large" if 0 < num_sms <= pairs else "decode"
     return "short" if max_seqlen_q <= short_limit else "prefill"
 
 

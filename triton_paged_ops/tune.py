@@ -24,7 +24,7 @@ import torch
 from triton_paged_ops import api, configs
 from triton_paged_ops.bench import Case, build_inputs, check_case
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of
 
 # (fn, config) -> µs. The real timer ignores the config; tests pass fake ones that cost configs by rule.
 Timer = Callable[[Callable[[], object], dict], float]
@@ -54,7 +54,19 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
     if interpret:
         # The interpreter's cost is per tile step: only tile shapes matter there.
         return [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": 4, "num_stages": 1} for m, n in ((128, 128), (64, 64))]
-    if regime == "decode" and cache_dtype is not None and cache_dtype.itemsize == 1:
+    if regime == "decode_large" and cache_dtype is not None and cache_dtype.itemsize == 1:
+        # Batches that fill the GPU: the fp8 loop is latency-bound, so one- and two-warp programs (no CTA-wide
+        # barriers, more programs per SM) compete with the 4-warp ones (H200: 1 warp x 64 keys won, NOTES v28).
+        space = {"BLOCK_N": (64, 128), "num_warps": (1, 4), "num_stages": (2, 3), "programs_per_sm": (2, 6)}
+        if not quick:
+            space = {"BLOCK_N": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (2, 3),
+                     "programs_per_sm": (2, 6, 12)}  # fmt: skip
+    elif regime == "decode_large":
+        space = {"BLOCK_N": (64, 128), "num_warps": (1, 4), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
+        if not quick:
+            space = {"BLOCK_N": (32, 64, 128), "num_warps": (1, 2, 4, 8), "num_stages": (2, 3),
+                     "programs_per_sm": (2, 4, 8)}  # fmt: skip
+    elif regime == "decode" and cache_dtype is not None and cache_dtype.itemsize == 1:
         # fp8 tiles are half the bytes of bf16 ones: wider tiles and deeper pipelines fit in shared memory and
         # keep as many bytes in flight.
         space = {"BLOCK_N": (128, 256), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
@@ -81,13 +93,18 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
 
 def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
                dtype: torch.dtype, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None,
-               ) -> list[Case]:  # fmt: skip
-    """Representative problems of a regime (decode batches small and large, short and long contexts)."""
+               num_sms: int = 132) -> list[Case]:  # fmt: skip
+    """Representative problems of a regime (decode batches small and large, short and long contexts) on a GPU of
+    ``num_sms`` SMs."""
     common = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
               "page_size": page_size, "dtype": dtype, "cache_dtype": cache_dtype}  # fmt: skip
-    q_len = {"decode": 1, "short": 4, "prefill": 256}[regime]
+    q_len = {"decode": 1, "decode_large": 1, "short": 4, "prefill": 256}[regime]
+    # Sequences of the smallest batch with one (sequence, KV head) pair per SM: decode_large starts there.
+    full = -(-num_sms // num_kv_heads)
     if interpret:
         lens = [[40, 7], [65]] if regime != "prefill" else [[160]]
+        if regime == "decode_large":
+            lens = [[40, 7] * -(-full // 2)]
         return [Case(f"{regime}{i}", kv, q_len=min(q_len, 24), **common) for i, kv in enumerate(lens)]
     if regime == "prefill":
         # Whole causal prefills and chunks on a cached prefix: they favour different KV tiles and pipeline depths
@@ -95,7 +112,15 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
         shapes = [([2048] * 2, 2048), ([4096], 256)] if quick else [([2048] * 4, 2048), ([8192], 8192),
                                                                     ([4096] * 2, 512)]  # fmt: skip
         return [Case(f"prefill{i}", kv, q_len=q, **common) for i, (kv, q) in enumerate(shapes)]
-    lens = [[8192] * 4, [2048] * 64] if quick else [[32768], [4096] * 8, [4096] * 32, [8192] * 64, [2048] * 256]
+    if regime == "decode_large":
+        lens = [[8192] * max(64, 2 * full)] if quick else [[4096] * max(32, full), [8192] * max(64, 2 * full),
+                                                           [2048] * max(256, 8 * full)]  # fmt: skip
+    elif regime == "decode":
+        # Batches below one pair per SM (larger ones are decode_large's).
+        small = max(1, (full - 1) // 2)
+        lens = [[8192] * min(4, small), [32768]] if quick else [[32768], [8192] * min(4, small), [4096] * small]
+    else:
+        lens = [[8192] * 4, [2048] * 64] if quick else [[32768], [4096] * 8, [4096] * 32, [8192] * 64, [2048] * 256]
     return [Case(f"{regime}{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
 
 
@@ -176,7 +201,7 @@ def tune(
         group = Group(dtype, head_dim, regime, cache_dtype)
         cands = candidates(regime, interpret, quick, cache_dtype)
         cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
-                           cache_dtype)  # fmt: skip
+                           cache_dtype, num_sms_of(torch.device("cpu" if interpret else device)))  # fmt: skip
         fp = _fingerprint(cands, cases)
         key = (gpu, cap, tv, group.key(), configs.padded_head_dim(head_dim), regime)
         plan.append((group, cands, cases, fp, done.get(key) == fp))
@@ -233,11 +258,11 @@ def tune(
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
     """The tiles (and any tuned split policy) the shipped table or heuristic gives this group."""
-    q_len = {"decode": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
+    q_len = {"decode": 1, "decode_large": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
     index = None if interpret else torch.device(device).index or 0
     with configs.without_user_file():
         cfg = select_attention_config(configs.padded_head_dim(group.head_dim), gqa, group.dtype, q_len, interpret,
-                                      index, group.cache_dtype)  # fmt: skip
+                                      index, group.cache_dtype, regime=group.regime)  # fmt: skip
     return {k: v for k, v in cfg.items() if k in configs.CONFIG_KEYS}
 
 

@@ -92,6 +92,7 @@ def reachable_variants(
     found: dict[tuple, tuple[int, int, int]] = {}
     num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
     buckets_of: dict[tuple, dict[tuple, tuple[int, int]]] = {}
+    configs_of: dict[tuple, dict] = {}
     for q in sorted(queries):
         if q > MAX_SPLIT_Q_LEN:
             lp = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=max(q, max_context), **fixed)
@@ -110,23 +111,34 @@ def reachable_variants(
                     lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
                     found.setdefault(lp.variant(), (b, q, k))
             continue
-        policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
-        key = (cfg["BLOCK_N"], policy, cfg.get("num_splits"))
-        if key not in buckets_of:
-            # The split plan depends on batch size and context bound only (not on q): find one (batch, context)
-            # for each reachable (split?, power-of-two split count) once per tile width and policy.
-            buckets: dict[tuple, tuple[int, int]] = {}
-            # Past this batch size the GPU is full without splitting, and the plan depends on the context only.
-            pps = dict(policy).get("programs_per_sm", _DEFAULT_PROGRAMS_PER_SM)
-            for b in range(1, min(max_batch, -(-num_sms * pps // num_kv_heads) + 1) + 1):
-                for k in contexts:
-                    n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index).num_splits
-                    buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
-            buckets_of[key] = buckets
-        for b, k in buckets_of[key].values():
-            if k >= q:
-                lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
-                found.setdefault(lp.variant(), (b, q, k))
+        # The config depends on the batch size too (one-token batches with a (sequence, KV head) pair per SM take
+        # the decode_large entry), the split plan on batch size and context bound only (not on q): the batch sizes
+        # of each config, then one (batch, context) for each reachable (split?, power-of-two split count), found
+        # once per config and batch range.
+        batches: dict[tuple, list[int]] = {}
+        for b in range(1, max_batch + 1):
+            cfg = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=q, **fixed).config
+            policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
+            # Past this batch size the GPU is full without splitting, and the plan depends on the context only
+            # (nor does the regime change any more: such a batch has a pair per SM).
+            if b > -(-num_sms * dict(policy).get("programs_per_sm", _DEFAULT_PROGRAMS_PER_SM) // num_kv_heads) + 1:
+                break
+            key = (tuple(cfg.get(k) for k in configs.TILE_KEYS), policy, cfg.get("num_splits"))
+            batches.setdefault(key, []).append(b)
+            configs_of[key] = cfg
+        for key, sizes in batches.items():
+            cached = (key, sizes[0], sizes[-1])
+            if cached not in buckets_of:
+                buckets: dict[tuple, tuple[int, int]] = {}
+                for b in sizes:
+                    for k in contexts:
+                        n = split_plan_for(configs_of[key], b, num_kv_heads, q, k, device_index).num_splits
+                        buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
+                buckets_of[cached] = buckets
+            for b, k in buckets_of[cached].values():
+                if k >= q:
+                    lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, **fixed)
+                    found.setdefault(lp.variant(), (b, q, k))
     if max_query > MAX_SPLIT_Q_LEN and not st.batch_invariant:
         _prefill_splits(found, fixed, max_query, max_batch, max_context, num_sms)
     return found

@@ -539,12 +539,16 @@ def select_attention_config(
     interpret: bool,
     device_index: int | None = None,
     cache_dtype: torch.dtype | None = None,
+    pairs: int = 0,
+    regime: str | None = None,
 ) -> dict[str, int]:
     """Tile sizes, launch options and split policy for one call: the single place that chooses them.
 
     A tuned table entry for this GPU (``configs.lookup``) wins over the built-in heuristic, and an active
     ``attention_config_override`` over both. Keys only on values fixed per model (head dim, GQA group, dtype) plus
-    the regime (from the host-side bound ``max_seqlen_q``), so a serving loop compiles a bounded set of variants.
+    the regime: from the host-side bound ``max_seqlen_q`` and, for one-token queries, whether the launch's
+    ``pairs`` (sequences x KV heads, a shape) reach one per SM (``decode_large``; a table without that entry gives
+    its ``decode`` one). ``regime`` forces one. So a serving loop compiles a bounded set of variants.
     """
     group_pad = triton.next_power_of_2(group)
     if interpret:
@@ -560,8 +564,16 @@ def select_attention_config(
             block_m, block_n = max(64 if head_dim_pad > 128 else 128, group_pad), 32 if head_dim_pad > 128 else 64
         num_warps = 4 if block_m <= 64 else 8
         cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": 2}
-    tuned = configs.lookup(None if interpret else device_index, configs.dtype_name(dtype, cache_dtype), head_dim_pad,
-                           configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN))  # fmt: skip
+    if regime is None:
+        num_sms = 0
+        if max_seqlen_q <= 1 and pairs > 0:
+            num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None and not interpret
+                                 else torch.device("cpu"))  # fmt: skip
+        regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms)
+    table_device, name = None if interpret else device_index, configs.dtype_name(dtype, cache_dtype)
+    tuned = configs.lookup(table_device, name, head_dim_pad, regime)
+    if tuned is None and regime == "decode_large":
+        tuned = configs.lookup(table_device, name, head_dim_pad, "decode")
     if tuned:
         cfg.update(tuned)
         # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
@@ -1191,13 +1203,17 @@ def _cached_launch_plan(
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
-    cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype)
+    cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype,
+                                  num_seqs * num_kv_heads)  # fmt: skip
     if batch_invariant:
-        # A row's arithmetic must not depend on the regime's tiles: the decode regime's tile (KV width, height,
-        # warps) and segment length everywhere, so decode keeps its speed and long prefills run slower. (A row's
-        # softmax sum is reduced across the threads of the tile's layout, which tile height and warps choose: bf16
-        # rows of a 16-row and a 64-row tile were seen to differ in the last bit of the lse on an H200.)
-        decode = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
+        # A row's arithmetic must not depend on the regime's tiles: one decode tile (KV width, height, warps) and
+        # segment length everywhere, so decode keeps its speed and long prefills run slower. (A row's softmax sum
+        # is reduced across the threads of the tile's layout, which tile height and warps choose: bf16 rows of a
+        # 16-row and a 64-row tile were seen to differ in the last bit of the lse on an H200, fp8 rows of a 64-key
+        # tile with 1 and 4 warps in the last bits of the output.) It is the large batches' tile (``decode_large``,
+        # else ``decode``): the mode's fixed segments cost least where the batch fills the GPU.
+        decode = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype,
+                                         regime="decode_large")  # fmt: skip
         block_n = decode["BLOCK_N"]
         segment = -(-decode.get("invariant_segment", INVARIANT_SEGMENT) // block_n) * block_n
         # Leaves of whole KV tiles: as many as asked for (a power of two) that divide the segment into tiles.
