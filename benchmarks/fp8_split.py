@@ -1,4 +1,5 @@
-"""Split policy of fp8-cache decode: ``python -m benchmarks.fp8_split [--config JSON ...] [--out FILE]`` (CUDA GPU).
+"""fp8-cache decode configs side by side: ``python -m benchmarks.fp8_split [--config JSON ...] [--only NAME ...]
+[--batch-invariant] [--out FILE]`` (CUDA GPU).
 
 The decode suite's page-16, head-dim-128 cases with ``float8_e4m3fn`` caches (bf16 queries, Hq32/Hkv8 unless the
 case says otherwise, pages randomly permuted, CUDA-graph replay, median), run once per config override: by default
@@ -29,18 +30,21 @@ def fp8_cases() -> list:
             if c.cache_dtype is None and c.page_size == 16 and c.head_dim == 128]  # fmt: skip
 
 
-def run(configs: list[dict], seed: int = 0) -> tuple[dict, str]:
-    cases = fp8_cases()
-    table: dict[str, list[float]] = {c.name: [] for c in cases}
+def run(configs: list[dict], seed: int = 0, only: list[str] | None = None, invariant: bool = False) -> tuple[dict, str]:
+    """Each config over the fp8 cases (those whose name contains one of ``only``, if given); ``invariant`` adds
+    batch-invariant mode on the same inputs (rows ``... invariant``)."""
+    cases = [c for c in fp8_cases() if not only or any(s in c.name for s in only)]
+    table: dict[str, list[float]] = {}
     rows, ceilings = [], None
     for cfg in configs:
         with attention_config_override(**cfg):
-            r = run_suite(cases, seed=seed, with_sdpa=False)
+            r = run_suite(cases, seed=seed, with_sdpa=False, with_invariant=invariant)
         ceilings = r["ceilings"]
         for rec in r["records"]:
-            rows.append({"config": cfg, "case": rec["case"], "us": rec["us"], "kv_tbps": rec["kv_tbps"],
-                         "rel_err": rec["rel_err"]})  # fmt: skip
-            table[rec["case"]].append(rec["us"])
+            rows.append({"config": cfg, "case": rec["case"], "provider": rec["provider"], "us": rec["us"],
+                         "kv_tbps": rec["kv_tbps"], "rel_err": rec["rel_err"]})  # fmt: skip
+            name = rec["case"] + (" invariant" if rec["provider"] == "tpa_invariant" else "")
+            table.setdefault(name, []).append(rec["us"])
     head = f"{'case':<26}" + "".join(f"{'config ' + str(i):>10}" for i in range(len(configs)))
     lines = [head] + [f"{name:<26}" + "".join(f"{us:>10.1f}" for us in times) for name, times in table.items()]
     lines.append(f"{'total':<26}" + "".join(f"{sum(t[i] for t in table.values()):>10.1f}" for i in range(len(configs))))
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSON",
         help="config overrides to compare, each a JSON object (e.g. '{\"max_segment\": 4096}')",
     )
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name contains one of these")
+    p.add_argument("--batch-invariant", action="store_true", help="also time batch-invariant mode on the same inputs")
     p.add_argument("--out", default="tpa_fp8_split.json", help="JSON file to write")
     args = p.parse_args(argv)
     try:
@@ -67,10 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--config takes JSON objects: {exc}")
     if not all(isinstance(c, dict) for c in configs):
         p.error("--config takes JSON objects")
+    if args.only and not any(s in c.name for s in args.only for c in fp8_cases()):
+        p.error(f"no case matches {args.only}; cases: {[c.name for c in fp8_cases()]}")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    result, text = run(configs)
+    result, text = run(configs, only=args.only, invariant=args.batch_invariant)
     finish(result, text, args.out, "benchmarks.fp8_split", argv)
     return 0
 

@@ -156,5 +156,9 @@ def test_fp8_split_benchmark_cases_and_arguments(capsys):
         with pytest.raises(SystemExit) as exc:
             fp8_split.main(bad)
         assert exc.value.code == 2 and "JSON objects" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        fp8_split.main(["--only", "B3x7k"])
+    assert exc.value.code == 2 and "no case matches" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert fp8_split.main(["--out", ""]) == 2
+        assert fp8_split.main(["--only", "B32x4k", "--batch-invariant", "--out", ""]) == 2

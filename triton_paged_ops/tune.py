@@ -68,10 +68,11 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
                      "programs_per_sm": (2, 4, 8)}  # fmt: skip
     elif regime == "decode" and cache_dtype is not None and cache_dtype.itemsize == 1:
         # fp8 tiles are half the bytes of bf16 ones: wider tiles and deeper pipelines fit in shared memory and
-        # keep as many bytes in flight.
-        space = {"BLOCK_N": (128, 256), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
+        # keep as many bytes in flight; two-warp programs wait at fewer CTA-wide barriers per tile (H200: 2 warps x
+        # 64 keys won, NOTES v28).
+        space = {"BLOCK_N": (64, 128, 256), "num_warps": (2, 4), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
         if not quick:
-            space = {"BLOCK_N": (64, 128, 256), "num_warps": (4, 8), "num_stages": (2, 3, 4),
+            space = {"BLOCK_N": (64, 128, 256), "num_warps": (2, 4, 8), "num_stages": (2, 3, 4),
                      "programs_per_sm": (2, 4, 8)}  # fmt: skip
     elif regime == "decode":
         space = {"BLOCK_N": (64, 128), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
