@@ -138,6 +138,11 @@ def num_sms_of(device: torch.device) -> int:
     return 132
 
 
+def num_sms_at(device_index: int | None) -> int:
+    """``num_sms_of`` the CUDA device ``device_index``; None: the nominal count (CPU tensors, interpreter runs)."""
+    return num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+
+
 def forced_split_plan(num_splits: int, max_seqlen_k: int, block_n: int) -> SplitPlan:
     """The plan for a caller-chosen split count (tuning, tests); segments stay multiples of ``block_n``."""
     return SplitPlan(1, 0) if max_seqlen_k <= 0 else _segments(max_seqlen_k, num_splits, block_n)

@@ -23,7 +23,7 @@ import triton
 
 from triton_paged_ops import api, configs
 from triton_paged_ops.kernels.attention import attention_launch_plan, split_plan_for
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of, plan_splits
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_at, plan_splits
 
 _DEFAULT_PROGRAMS_PER_SM = inspect.signature(plan_splits).parameters["programs_per_sm"].default
 _DEFAULT_MIN_SEGMENT = inspect.signature(plan_splits).parameters["min_segment"].default
@@ -90,9 +90,8 @@ def reachable_variants(
     queries.add(max_query)
     contexts = sorted({*range(_CONTEXT_STEP, max_context + 1, _CONTEXT_STEP), max_context})
     found: dict[tuple, tuple[int, int, int]] = {}
-    num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+    num_sms = num_sms_at(device_index)
     buckets_of: dict[tuple, dict[tuple, tuple[int, int]]] = {}
-    configs_of: dict[tuple, dict] = {}
     for q in sorted(queries):
         if q > MAX_SPLIT_Q_LEN:
             lp = attention_launch_plan(num_seqs=1, max_seqlen_q=q, max_seqlen_k=max(q, max_context), **fixed)
@@ -115,7 +114,7 @@ def reachable_variants(
         # the decode_large entry), the split plan on batch size and context bound only (not on q): the batch sizes
         # of each config, then one (batch, context) for each reachable (split?, power-of-two split count), found
         # once per config and batch range.
-        batches: dict[tuple, list[int]] = {}
+        batches: dict[tuple, tuple[dict, list[int]]] = {}  # config key -> (config, batch sizes)
         for b in range(1, max_batch + 1):
             cfg = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=q, **fixed).config
             policy = tuple((k, cfg[k]) for k in configs.SPLIT_KEYS if k in cfg)
@@ -124,15 +123,14 @@ def reachable_variants(
             if b > -(-num_sms * dict(policy).get("programs_per_sm", _DEFAULT_PROGRAMS_PER_SM) // num_kv_heads) + 1:
                 break
             key = (tuple(cfg.get(k) for k in configs.TILE_KEYS), policy, cfg.get("num_splits"))
-            batches.setdefault(key, []).append(b)
-            configs_of[key] = cfg
-        for key, sizes in batches.items():
+            batches.setdefault(key, (cfg, []))[1].append(b)
+        for key, (cfg, sizes) in batches.items():
             cached = (key, sizes[0], sizes[-1])
             if cached not in buckets_of:
                 buckets: dict[tuple, tuple[int, int]] = {}
                 for b in sizes:
                     for k in contexts:
-                        n = split_plan_for(configs_of[key], b, num_kv_heads, q, k, device_index).num_splits
+                        n = split_plan_for(cfg, b, num_kv_heads, q, k, device_index).num_splits
                         buckets.setdefault((n > 1, triton.next_power_of_2(n)), (b, k))
                 buckets_of[cached] = buckets
             for b, k in buckets_of[cached].values():

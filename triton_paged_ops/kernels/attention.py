@@ -52,7 +52,7 @@ from triton_paged_ops.plan import (
     SplitPlan,
     forced_split_plan,
     invariant_split_plan,
-    num_sms_of,
+    num_sms_at,
     plan_splits,
 )
 from triton_paged_ops.prepared import PreparedLaunches
@@ -567,8 +567,7 @@ def select_attention_config(
     if regime is None:
         num_sms = 0
         if max_seqlen_q <= 1 and pairs > 0:
-            num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None and not interpret
-                                 else torch.device("cpu"))  # fmt: skip
+            num_sms = num_sms_at(None if interpret else device_index)
         regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms)
     table_device, name = None if interpret else device_index, configs.dtype_name(dtype, cache_dtype)
     tuned = configs.lookup(table_device, name, head_dim_pad, regime)
@@ -1111,7 +1110,7 @@ def split_plan_for(
     Batch-invariant mode cuts keys into the config's fixed segments instead (``plan.invariant_split_plan``).
     """
     if batch_invariant:
-        num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+        num_sms = num_sms_at(device_index)
         # (Leaf programs need the separate reduce: the in-kernel merge folds whole segments.)
         programs = cfg.get("invariant_programs", 2) if cfg.get("split_merge", 1) == 1 else 1
         tiles = num_seqs * num_kv_heads * -(-max_seqlen_q // block_q)
@@ -1120,7 +1119,7 @@ def split_plan_for(
     if "num_splits" in cfg:
         return forced_split_plan(cfg["num_splits"], max_seqlen_k, cfg["BLOCK_N"])
     policy = {k: cfg[k] for k in configs.SPLIT_KEYS if k in cfg}
-    num_sms = num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))
+    num_sms = num_sms_at(device_index)
     return plan_splits(num_seqs, num_kv_heads, max_seqlen_q, max_seqlen_k, cfg["BLOCK_N"], num_sms, **policy,
                        block_q=block_q, token_bytes=token_bytes)  # fmt: skip
 
