@@ -568,3 +568,20 @@ def test_scores_one_tile_ahead_give_the_same_bits(guard):
         with attention_config_override(**cfg, qk_ahead=ahead):
             assert _launch_plan(p).constexprs["QK_AHEAD"] == (ahead == 2)
     _assert_same_bits_under(p, [dict(cfg, qk_ahead=1), dict(cfg, qk_ahead=2)])
+
+
+@pytest.mark.parametrize("window_left", [-1, 40])
+def test_accumulator_rescaled_every_tile_gives_the_same_bits(window_left):
+    """``acc_rescale`` 2 multiplies the accumulator every tile instead of skipping tiles where no row's running max
+    moved; a row whose max stayed is multiplied by exactly 1, so a mixed batch (split decode rows, prefill chunks
+    over a prefix, a window) gives the bits of the skipping loop, both close to the reference."""
+    spec = Spec(q_lens=[40, 1, 3, 20], kv_lens=[200, 177, 3, 150], pad_tokens=2, page_size=16, num_kv_heads=2,
+                group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=window_left,
+                softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=False,
+                spare_pages=2, extra_cols=1, tiles=(32, 16), seed=29, num_splits=2)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2)
+    for mode in (1, 2):
+        with attention_config_override(**cfg, acc_rescale=mode):
+            assert _launch_plan(p).constexprs["ACC_RESCALE"] == mode
+    _assert_same_bits_under(p, [dict(cfg, acc_rescale=1), dict(cfg, acc_rescale=2)])

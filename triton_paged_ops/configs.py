@@ -64,7 +64,9 @@ GUARD_KEYS = ("page_guard",)
 # 2^31 (default).
 # Taller tiles' unmasked loop: 1 each tile scored and reduced in turn (default), 2 the next tile scored before the
 # current one's softmax (tensor-core work in flight during it).
-LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead")
+# Online softmax: 1 the accumulator multiply skipped in tiles where no row's max moved (a CTA-wide test and branch),
+# 2 done every tile.
+LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale")
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -132,7 +134,7 @@ def validate_config(cfg: object) -> str | None:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead"):
+    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):

@@ -122,6 +122,7 @@ def _attend_tile(
     HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ACC_RESCALE: tl.constexpr,
     MASKED: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr,
@@ -145,7 +146,7 @@ def _attend_tile(
     return _tile_update(
         acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_cache_ptr, q_pos, row_valid, qk_scale, softcap,
         window_left, alibi_slope, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-        DOT_PRECISION, MASKED, KV_DESC,
+        DOT_PRECISION, ACC_RESCALE, MASKED, KV_DESC,
     )  # fmt: skip
 
 
@@ -212,7 +213,7 @@ def _tile_update(
     acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_cache_ptr, q_pos, row_valid, qk_scale, softcap, window_left,
     alibi_slope, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASKED: tl.constexpr, KV_DESC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MASKED: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """The second half of ``_attend_tile``: scale, cap, masks and the online-softmax step on the tile's scores ``s``,
     then its V rows (at ``v_loc``) into the accumulator."""
@@ -254,8 +255,13 @@ def _tile_update(
     p = tl.exp2(tl.fma(s, qk_scale, -m_safe[:, None])) if FOLD_SCALE else tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    # alpha is exactly 1 where the max stayed: skip the tile's accumulator multiply when no row moved.
-    if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
+    if ACC_RESCALE == 1:
+        # alpha is exactly 1 where the max stayed: skip the tile's accumulator multiply when no row moved.
+        if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
+            acc = acc * alpha[:, None]
+    else:
+        # Every tile (the same bits: x * 1 is x). The skip's branch between the MMAs made ptxas serialize every
+        # tensor-core MMA of the kernel at 128x128 tiles on sm_90 (C7515; NOTES v29).
         acc = acc * alpha[:, None]
 
     if KV_DESC:
@@ -284,6 +290,7 @@ def _attend_range(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC_RESCALE: tl.constexpr,
     PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
@@ -294,7 +301,8 @@ def _attend_range(
         kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
         stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
         HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+        KV_DESC,
         False, 1,
     )  # fmt: skip
     return acc, m_i, l_i
@@ -326,6 +334,7 @@ def _attend_tiles(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ACC_RESCALE: tl.constexpr,
     PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
     HAS_V_SCALE: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
@@ -394,7 +403,7 @@ def _attend_tiles(
                     acc, m_i, l_i = _tile_update(
                         acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_src, q_pos, row_valid, qk_scale, softcap,
                         window_left, alibi_slope, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
-                        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 2 if unguarded else 0, use_desc,
+                        HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, 2 if unguarded else 0, use_desc,
                     )  # fmt: skip
                     s, key_valid, v_loc = s_next, key_valid_next, v_loc_next
             else:
@@ -413,7 +422,8 @@ def _attend_tiles(
                         q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                         stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                         HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                        DOT_PRECISION, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1, CLAMP_PAGES,
+                        DOT_PRECISION, ACC_RESCALE, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1,
+                        CLAMP_PAGES,
                         NARROW_OFFSETS, use_desc,
                     )  # fmt: skip
     if lean:
@@ -428,7 +438,7 @@ def _attend_tiles(
                 v_cache_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left,
                 alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
-                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
+                HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
             )  # fmt: skip
     return acc, m_i, l_i, out_f, m_f, t_f, cur_leaf
 
@@ -506,7 +516,9 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     launch, 2 a programmatic dependent one where the device has it), and the KV tile width of one-token rows in a
     launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows), what a key whose
     page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and how tall tiles
-    read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies).
+    read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies), and whether the
+    online softmax skips the accumulator's multiply in tiles where no row's max moved (``acc_rescale``: 1 skips,
+    2 multiplies every tile).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -611,6 +623,10 @@ def select_attention_config(
     cfg.setdefault("kv_offsets", 2)
     # Taller tiles' unmasked loop scores the next tile before the current one's softmax (2; off until measured).
     cfg.setdefault("qk_ahead", 1)
+    # Online softmax: the accumulator's multiply skipped where no row's running max moved (1: a CTA-wide test and a
+    # branch per tile) or done every tile (2). On the H200 skipping wins on D128/D256 prefill and decode (the
+    # multiply costs 128 FMULs per thread per 256-row tile), multiplying wins on D64 prefill (+6%; NOTES v22, v29).
+    cfg.setdefault("acc_rescale", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -631,7 +647,7 @@ def _attend_block(
     BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, LEAVES: tl.constexpr,
-    FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
+    FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
@@ -715,7 +731,8 @@ def _attend_block(
                 qk_scale, softcap, window_left, alibi_slope, sinks_ptr, v_scale_ptr,
                 stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
-                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, PAGES_AHEAD,
+                IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, ACC_RESCALE,
+                PAGES_AHEAD,
                 CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
             )  # fmt: skip
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
@@ -729,7 +746,8 @@ def _attend_block(
             kv_head, kv_len, num_pages, q_pos, q_head, row_valid, qk_scale, softcap, window_left, alibi_slope,
             sinks_ptr, v_scale_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
             stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, PAGES_AHEAD,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, ACC_RESCALE,
+            PAGES_AHEAD,
             CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
         )  # fmt: skip
 
@@ -768,7 +786,8 @@ def _attend_segment(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HAS_V_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, PAGES_AHEAD: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_V_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr,
     CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
     """Output and base-2 lse of the keys [lo, hi) of the segment starting at ``seg_lo`` (key 0's carries the
@@ -785,7 +804,8 @@ def _attend_segment(
             num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
             stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, CLAMP_PAGES,
+            NARROW_OFFSETS,
             KV_DESC,
         )  # fmt: skip
         out, lse = _normalize(acc, m_i, l_i, v_scale_ptr, HAS_V_SCALE)
@@ -801,7 +821,8 @@ def _attend_segment(
             k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap,
             window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
             stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+            KV_DESC,
             HAS_V_SCALE, LEAVES,
         )  # fmt: skip
         _, _, _, out, m_fold, total = _close_leaf(acc, m_i, l_i, out, m_fold, total, v_scale_ptr, HAS_V_SCALE)
@@ -950,6 +971,7 @@ def _paged_attention_kernel(
     FP8_VIA_FP16: tl.constexpr,
     ONE_BLOCK_PER_SEQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    ACC_RESCALE: tl.constexpr,
     DECODE_ORDER: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr,
@@ -1074,7 +1096,7 @@ def _paged_attention_kernel(
                 stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
-                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL,
+                WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL,
                 SEQUENTIAL_MERGE, FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
             )  # fmt: skip
             return
@@ -1087,7 +1109,7 @@ def _paged_attention_kernel(
         stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
-        FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
+        FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
         2 if QK_AHEAD else 1,
         CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
     )  # fmt: skip
@@ -1267,7 +1289,7 @@ def _cached_launch_plan(
         LEAVES=cfg["invariant_leaves"] if batch_invariant and split.segment_len == cfg["invariant_segment"] else 1,
         FP8_VIA_FP16=cache_dtype.itemsize == 1 and dtype == torch.bfloat16,
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
-        DOT_PRECISION="ieee" if dtype == torch.float32 else None,
+        DOT_PRECISION="ieee" if dtype == torch.float32 else None, ACC_RESCALE=cfg["acc_rescale"],
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
         NARROW_OFFSETS=narrow_offsets and cfg["kv_offsets"] == 2,
         QK_AHEAD=cfg["qk_ahead"] == 2 and block_q > 1 and not batch_invariant,

@@ -1,0 +1,33 @@
+"""The dense Triton ceiling of the prefill benchmark (``benchmarks.dense_triton``) computes causal attention: its
+timings are only a ceiling if its answers are right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.dense_triton import dense_causal
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("use_desc", [False, True])
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "n", "block_m", "block_n"), [(2, 4, 2, 64, 32, 16), (1, 2, 2, 96, 32, 32)]
+)
+def test_dense_causal_matches_sdpa(use_desc, batch, heads, kv_heads, n, block_m, block_n):
+    gen = torch.Generator(device=DEVICE).manual_seed(n + heads)
+    dtype = torch.float16
+    q = torch.randn(batch, heads, n, 32, generator=gen, device=DEVICE).to(dtype)
+    k = torch.randn(batch, kv_heads, n, 32, generator=gen, device=DEVICE).to(dtype)
+    v = torch.randn(batch, kv_heads, n, 32, generator=gen, device=DEVICE).to(dtype)
+    out = dense_causal(q, k, v, 0.2, block_m, block_n, 4, 2, use_desc)
+    kr, vr = (t.float().repeat_interleave(heads // kv_heads, dim=1) for t in (k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), kr, vr, is_causal=True, scale=0.2)
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_dense_causal_rejects_ragged_blocks():
+    q = torch.zeros(1, 2, 48, 32, dtype=torch.float16, device=DEVICE)
+    with pytest.raises(ValueError, match="multiple of block_m"):
+        dense_causal(q, q, q, 0.2, 32, 16, 4, 2, False)
