@@ -13,7 +13,6 @@ reaches at all on this stack (this kernel vs SDPA).
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 
 import torch
@@ -26,39 +25,49 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _dense_causal_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, qk_scale, seq_len, num_heads, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DESC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DESC: tl.constexpr, PACK: tl.constexpr, LAZY: tl.constexpr,
 ):  # fmt: skip
-    """One (query block, batch x head): causal attention of contiguous [B, H, N, D] tensors (K/V [B, H // GROUP,
-    N, D]); ``qk_scale`` includes log2(e). BLOCK_M is a multiple of BLOCK_N, N of BLOCK_M."""
-    num_blocks = seq_len // BLOCK_M
-    block = num_blocks - 1 - tl.program_id(0)  # the blocks that see the most keys start first
-    bh = tl.program_id(1)
-    batch = bh // num_heads
-    kv_bh = batch * (num_heads // GROUP) + (bh % num_heads) // GROUP
-    q_row0 = bh.to(tl.int64) * seq_len + block * BLOCK_M
+    """One query block of causal attention over contiguous [B, H, N, D] tensors (K/V [B, H // GROUP, N, D]);
+    ``qk_scale`` includes log2(e). A block is BLOCK_M tokens of one head, or with ``PACK`` BLOCK_M // GROUP tokens
+    of the GROUP heads sharing a KV head (rows token-major, as the paged kernel packs them). ``LAZY``: the running
+    max moves only by more than 8 (base 2) and the accumulator's multiply is skipped when no row's max moved, as
+    in the paged kernel. ``USE_DESC``: K/V (and unpacked Q) through tensor descriptors."""
+    ROWS_PER_TOKEN: tl.constexpr = GROUP if PACK else 1
+    TOKENS: tl.constexpr = BLOCK_M // ROWS_PER_TOKEN
+    block = seq_len // TOKENS - 1 - tl.program_id(0)  # the blocks that see the most keys start first
+    rows = tl.arange(0, BLOCK_M)
+    tok = block * TOKENS + rows // ROWS_PER_TOKEN
+    if PACK:
+        kv_bh = tl.program_id(1)
+        batch = kv_bh // (num_heads // GROUP)
+        head = (kv_bh % (num_heads // GROUP)) * GROUP + rows % GROUP
+    else:
+        batch = tl.program_id(1) // num_heads
+        head = tl.program_id(1) % num_heads + rows * 0
+        kv_bh = batch * (num_heads // GROUP) + (tl.program_id(1) % num_heads) // GROUP
+    q_rows = (batch * num_heads + head).to(tl.int64) * seq_len + tok
     kv_row0 = kv_bh.to(tl.int64) * seq_len
-    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     if USE_DESC:
-        # 2-D views: rows of all (batch, head) pairs back to back.
-        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[tl.num_programs(1) * seq_len, HEAD_DIM], strides=[HEAD_DIM, 1],
-                                           block_shape=[BLOCK_M, HEAD_DIM])  # fmt: skip
-        kv_rows = (tl.num_programs(1) // GROUP) * seq_len
+        kv_rows = (tl.num_programs(1) // (1 if PACK else GROUP)) * seq_len
         k_desc = tl.make_tensor_descriptor(k_ptr, shape=[kv_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
                                            block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
         v_desc = tl.make_tensor_descriptor(v_ptr, shape=[kv_rows, HEAD_DIM], strides=[HEAD_DIM, 1],
                                            block_shape=[BLOCK_N, HEAD_DIM])  # fmt: skip
-        # (Descriptor coordinates are 32-bit.)
-        q = q_desc.load([q_row0.to(tl.int32), 0])
+    if USE_DESC and not PACK:
+        # 2-D view: rows of all (batch, head) pairs back to back. (Descriptor coordinates are 32-bit.)
+        q_desc = tl.make_tensor_descriptor(q_ptr, shape=[tl.num_programs(1) * seq_len, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])  # fmt: skip
+        q = q_desc.load([(tl.program_id(1) * seq_len + block * TOKENS).to(tl.int32), 0])
     else:
-        q = tl.load(q_ptr + (q_row0 + tl.arange(0, BLOCK_M))[:, None] * HEAD_DIM + offs_d[None, :])
+        q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + offs_d[None, :])
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    diag_lo = block * BLOCK_M
+    diag_lo = (block * TOKENS) // BLOCK_N * BLOCK_N
     for phase in tl.static_range(2):  # tiles wholly below the diagonal, then the diagonal ones (masked)
         lo = 0 if phase == 0 else diag_lo
-        hi = diag_lo if phase == 0 else diag_lo + BLOCK_M
+        hi = diag_lo if phase == 0 else block * TOKENS + TOKENS
         for start_n in tl.range(lo, hi, BLOCK_N):
             if USE_DESC:
                 k = k_desc.load([(kv_row0 + start_n).to(tl.int32), 0])
@@ -69,36 +78,53 @@ def _dense_causal_kernel(
                 v = tl.load(v_ptr + kv_off)
             s = tl.dot(q, tl.trans(k))
             if phase == 1:
-                s = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] <= offs_m[:, None], s, float("-inf"))
+                s = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] <= tok[:, None], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            if LAZY:
+                m_new = tl.where(m_new > m_i + 8.0, m_new, m_i)
             p = tl.exp2(s * qk_scale - m_new[:, None])
             alpha = tl.exp2(m_i - m_new)
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            if LAZY:
+                if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
+                    acc = acc * alpha[:, None]
+                acc = tl.dot(p.to(v.dtype), v, acc)
+            else:
+                acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
             m_i = m_new
     out = (acc / l_i[:, None]).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + (q_row0 + tl.arange(0, BLOCK_M))[:, None] * HEAD_DIM + offs_d[None, :], out)
+    tl.store(out_ptr + q_rows[:, None] * HEAD_DIM + offs_d[None, :], out)
 
 
 def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block_m: int, block_n: int,
-                 num_warps: int, num_stages: int, use_desc: bool) -> torch.Tensor:  # fmt: skip
-    """Causal attention of contiguous ``q [B, H, N, D]``, ``k``/``v [B, Hkv, N, D]`` (N a multiple of block_m)."""
+                 num_warps: int, num_stages: int, use_desc: bool, pack: bool = False,
+                 lazy: bool = False) -> torch.Tensor:  # fmt: skip
+    """Causal attention of contiguous ``q [B, H, N, D]``, ``k``/``v [B, Hkv, N, D]``: a block is ``block_m``
+    tokens, or with ``pack`` ``block_m // (H // Hkv)`` tokens of a KV head's query heads (N a multiple of both
+    the block's tokens and ``block_n``); ``lazy``: the paged kernel's lazy rescaling."""
     b, h, n, d = q.shape
-    if n % block_m or block_m % block_n or h % k.shape[1]:
-        raise ValueError("N must be a multiple of block_m, block_m of block_n, and H of Hkv")
+    group = h // k.shape[1] if h % k.shape[1] == 0 else 0
+    tokens = block_m // group if pack and group else block_m
+    if not group or n % tokens or n % block_n or (pack and block_m % group):
+        raise ValueError("H must be a multiple of Hkv, and N of block_n and of the block's tokens")
     out = torch.empty_like(q)
     if use_desc:
         triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=q.device))
-    grid = (n // block_m, b * h)
-    _dense_causal_kernel[grid](q, k, v, out, scale * LOG2E, n, h, GROUP=h // k.shape[1], HEAD_DIM=d,
-                               BLOCK_M=block_m, BLOCK_N=block_n, USE_DESC=use_desc, num_warps=num_warps,
+    grid = (n // tokens, b * (k.shape[1] if pack else h))
+    _dense_causal_kernel[grid](q, k, v, out, scale * LOG2E, n, h, GROUP=group, HEAD_DIM=d, BLOCK_M=block_m,
+                               BLOCK_N=block_n, USE_DESC=use_desc, PACK=pack, LAZY=lazy, num_warps=num_warps,
                                num_stages=num_stages)  # fmt: skip
     return out
 
 
 SHAPES = {"prefill 1x8k": (1, 8192), "prefill 4x2k": (4, 2048)}
+# (block_m, block_n, warps, stages, descriptors, pack, lazy): a tile sweep, then the paged kernel's own tile with
+# its GQA packing and lazy rescaling added one at a time.
 TILES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (256, 64, 8, 2), (256, 64, 8, 3),
          (256, 128, 8, 2)]  # fmt: skip
+VARIANTS = [(*t, desc, False, False) for t in TILES for desc in (True, False)]
+VARIANTS += [(256, 64, 8, 3, False, pack, lazy) for pack, lazy in ((True, False), (False, True), (True, True))]
+VARIANTS += [(128, 128, 8, 3, desc, True, False) for desc in (True, False)]
 
 
 def run(seed: int = 0) -> tuple[dict, str]:
@@ -118,17 +144,19 @@ def run(seed: int = 0) -> tuple[dict, str]:
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
                                                                scale=scale, enable_gqa=True)  # fmt: skip
         flops = 4 * b * num_heads * head_dim * n * (n + 1) / 2  # causal pairs
-        for (bm, bn, warps, stages), desc in itertools.product(TILES, (True, False)):
+        for bm, bn, warps, stages, desc, pack, lazy in VARIANTS:
             who = f"dense {bm}x{bn}/{warps}w/{stages}s/{'desc' if desc else 'ptr'}"
+            who += "/pack" * pack + "/lazy" * lazy
+            c = (bm, bn, warps, stages, desc, pack, lazy)
             try:
-                out = dense_causal(q, k, v, scale, bm, bn, warps, stages, desc)
+                out = dense_causal(q, k, v, scale, *c)
             except Exception as exc:  # (a config whose shared memory does not fit: reported, not fatal)
-                lines.append(f"{who:<28} {name:<14} failed: {type(exc).__name__}: {str(exc)[:80]}")
+                lines.append(f"{who:<34} {name:<14} failed: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
             err = ((out.float() - ref).norm() / ref.norm()).item()
-            us = time_graph(lambda q=q, k=k, v=v, c=(bm, bn, warps, stages, desc): dense_causal(q, k, v, scale, *c))
+            us = time_graph(lambda q=q, k=k, v=v, c=c: dense_causal(q, k, v, scale, *c))
             rows.append({"case": name, "provider": who, "us": us, "tflops": flops / us / 1e6, "rel_err": err})
-            lines.append(f"{who:<28} {name:<14} {us:>9.1f} µs {flops / us / 1e6:>7.1f} TFLOP/s  rel err {err:.1e}")
+            lines.append(f"{who:<34} {name:<14} {us:>9.1f} µs {flops / us / 1e6:>7.1f} TFLOP/s  rel err {err:.1e}")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "git_sha": _git_sha(), "rows": rows}  # fmt: skip
     return result, "\n".join(lines)
