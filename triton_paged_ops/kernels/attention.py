@@ -408,7 +408,9 @@ def _attend_tiles(
                     s, key_valid, v_loc = s_next, key_valid_next, v_loc_next
             else:
                 for start_n in tl.range(start, stop, BLOCK_N):
-                    if one_token and PAGES_AHEAD:
+                    if (one_token and PAGES_AHEAD) or (use_desc and phase == 1):
+                        # (Block copies: a copy whose coordinates come from a load of the same iteration is not
+                        # pipelined; with the id a tile ahead the copies get the launch's stages.)
                         tile_page = page
                         page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
                     else:
@@ -1329,13 +1331,14 @@ def max_shared_memory(device_index: int) -> int:
 
 def _copies_fit(cfg: dict, head_dim: int, head_dim_v: int, itemsize: int, device_index: int | None) -> bool:
     """Whether the block-copy variant of a tall-tile config fits the device's shared memory. Its buffers (sm_90,
-    Triton 3.7, ptxas): a K and a V tile per pipeline stage plus the q tile, within 1 KB of this estimate for D64 to
-    D256, fp16 to fp32; the gathers' variant of the same config needs less (D256 128x64 at three stages: 263 KB
-    against the gathers' fit within 227 KB), so where the copies would not fit the launch gathers."""
+    Triton 3.6 and 3.7, ptxas): a K and a V tile per pipeline stage plus the q tile, and under 100 bytes more
+    (128x128 D128 bf16 at three stages: 229,432 B against 229,376 for the tiles); the gathers' variant of the same
+    config needs less (D256 128x64 at three stages: 263 KB against the gathers' fit within 227 KB), so where the
+    copies would not fit the launch gathers."""
     if device_index is None:
         return False
     tiles = cfg["num_stages"] * cfg["BLOCK_N"] * (head_dim + head_dim_v) + cfg["BLOCK_M"] * head_dim
-    return tiles * itemsize + 4096 <= max_shared_memory(device_index)
+    return tiles * itemsize + 1024 <= max_shared_memory(device_index)
 
 
 def narrow_offsets_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
