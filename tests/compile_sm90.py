@@ -153,6 +153,9 @@ def main() -> int:
     }
     with attention.attention_config_override(kv_loads=2):
         results += [attention_variant(name, page_size=64, device_index=0, **kw) for name, kw in copies.items()]
+    # One-token rows of a mixed launch as a called function (``small_apart`` 2), on the H200 prefill tile.
+    with attention.attention_config_override(small_apart=2):
+        results.append(attention_variant("mixed one-token rows apart", max_q=512, device_index=0))
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))

@@ -585,3 +585,23 @@ def test_accumulator_rescaled_every_tile_gives_the_same_bits(window_left):
         with attention_config_override(**cfg, acc_rescale=mode):
             assert _launch_plan(p).constexprs["ACC_RESCALE"] == mode
     _assert_same_bits_under(p, [dict(cfg, acc_rescale=1), dict(cfg, acc_rescale=2)])
+
+
+def test_one_token_rows_as_a_called_function_give_the_same_results():
+    """``small_apart`` 2 runs a mixed launch's one-token rows through a called (noinline) copy of the block code:
+    every row is still written and matches the reference (split decode rows, chunks on a prefix); under the
+    interpreter, where nothing is compiled, the bits are those of the inline branch."""
+    spec = Spec(q_lens=[40, 1, 3, 1, 20], kv_lens=[200, 177, 3, 60, 150], pad_tokens=2, page_size=16,
+                num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
+                window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
+                strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=37)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16)
+    for mode in (1, 2):
+        with attention_config_override(**cfg, small_apart=mode):
+            lp = _launch_plan(p)
+            assert lp.constexprs["SMALL_M"] > 0 and lp.constexprs["SMALL_APART"] == (mode == 2)
+    if INTERPRET:
+        _assert_same_bits_under(p, [dict(cfg, small_apart=1), dict(cfg, small_apart=2)])
+    else:
+        _assert_same_bits_under(p, [dict(cfg, small_apart=2)])

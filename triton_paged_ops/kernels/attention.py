@@ -629,6 +629,9 @@ def select_attention_config(
     # branch per tile) or done every tile (2). On the H200 skipping wins on D128/D256 prefill and decode (the
     # multiply costs 128 FMULs per thread per 256-row tile), multiplying wins on D64 prefill (+6%; NOTES v22, v29).
     cfg.setdefault("acc_rescale", 1)
+    # One-token rows of a launch of taller tiles run inline (1) or as a called function (2), whose code then takes
+    # no part in the register allocation of the tall tiles' loops (off until measured; NOTES v29).
+    cfg.setdefault("small_apart", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -778,6 +781,11 @@ def _attend_block(
                 stride_o_split, stride_lse_split, stride_fo_t, stride_fo_h, stride_fl_t, stride_fl_h,
                 BLOCK_M, HEAD_DIM_V, HEAD_DIM_V_PAD, SEQUENTIAL_MERGE, FINAL_LSE,
             )  # fmt: skip
+
+
+# One-token rows of a launch of tall tiles, as a called function (noinline): its code then does not take part in
+# the register allocation of the tall tiles' loops.
+_attend_block_apart = triton.jit(noinline=True)(_attend_block.fn)
 
 
 @triton.jit
@@ -958,6 +966,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     SMALL_M: tl.constexpr,
     SMALL_N: tl.constexpr,
+    SMALL_APART: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -1089,7 +1098,7 @@ def _paged_attention_kernel(
         # Tall tiles (prefill) meet one-token sequences (a mixed batch of prefill chunks and decodes): those run
         # the decode tile instead, so a decode row does not pay a 128-row tile's tensor-core work for its heads.
         if q_len == 1:
-            _attend_block(
+            (_attend_block_apart if SMALL_APART else _attend_block)(
                 q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr, alibi_slopes_ptr, sinks_ptr, k_scale_ptr,
                 v_scale_ptr, bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, 0, kv_head,
                 kv_len, split, segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head,
@@ -1283,6 +1292,7 @@ def _cached_launch_plan(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], SMALL_M=cfg["SMALL_M"], SMALL_N=cfg["SMALL_N"],
+        SMALL_APART=cfg["SMALL_M"] > 0 and cfg["small_apart"] == 2,
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
         HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
