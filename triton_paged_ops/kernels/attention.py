@@ -520,7 +520,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and how tall tiles
     read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies), and whether the
     online softmax skips the accumulator's multiply in tiles where no row's max moved (``acc_rescale``: 1 skips,
-    2 multiplies every tile).
+    2 multiplies every tile), and whether a mixed launch's one-token rows run inline or as a called function
+    (``small_apart``: 1 inline, 2 called).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
