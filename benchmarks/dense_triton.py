@@ -158,7 +158,7 @@ def run(seed: int = 0) -> tuple[dict, str]:
             rows.append({"case": name, "provider": who, "us": us, "tflops": flops / us / 1e6, "rel_err": err})
             lines.append(f"{who:<34} {name:<14} {us:>9.1f} µs {flops / us / 1e6:>7.1f} TFLOP/s  rel err {err:.1e}")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-              "git_sha": _git_sha(), "rows": rows}  # fmt: skip
+              "git_sha": _git_sha(), "ceilings": paged["ceilings"], "rows": rows}  # fmt: skip
     return result, "\n".join(lines)
 
 
