@@ -162,3 +162,45 @@ def test_fp8_split_benchmark_cases_and_arguments(capsys):
     if not torch.cuda.is_available():
         assert fp8_split.main(["--out", ""]) == 2
         assert fp8_split.main(["--only", "B32x4k", "--batch-invariant", "--out", ""]) == 2
+
+
+def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
+    """``benchmarks.ab``: configs must be JSON objects of known keys, case filters must match, and the run puts
+    every (config, round) in its own column with the SDPA timings and configs listed (run_suite stubbed: no GPU)."""
+    from benchmarks import ab
+
+    for bad, msg in ((["--config", "acc_rescale=2"], "JSON objects"), (["--config", "[1]"], "JSON objects"),
+                     (["--config", '{"acc_rescale": 3}'], "acc_rescale must be 1 or 2"),
+                     (["--config", '{"bogus": 1}'], "unknown key"), (["--only", "B3x7k"], "no case"),
+                     (["--rounds", "0"], "--rounds")):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            ab.main(bad)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    prefill = ab.SUITES["prefill"]()
+    picked = ab.select_cases(prefill, ["4x2k"], ["D64", "D256"])
+    assert {c.name for c in picked} == {"prefill 4x2k", "prefill 4x2k page1", "prefill 4x2k page64"}
+    if not torch.cuda.is_available():
+        assert ab.main(["--suite", "decode", "--only", "B32x4k", "--out", ""]) == 2
+
+    calls = []
+
+    def fake_suite(cases, seed=0, with_sdpa=True, with_invariant=False):
+        from triton_paged_ops.kernels import attention
+
+        calls.append((dict(attention._config_override), with_sdpa))
+        recs = [{"case": c.name, "provider": "tpa", "us": 10.0 * len(calls), "tflops": 1.0, "kv_tbps": 2.0,
+                 "rel_err": 1e-3} for c in cases]  # fmt: skip
+        recs += [{"case": c.name, "provider": "sdpa_dense", "us": 7.0, "tflops": 1.0, "kv_tbps": 2.0}
+                 for c in cases if with_sdpa]  # fmt: skip
+        return {"ceilings": {"read_tbps": 4.0}, "records": recs}
+
+    monkeypatch.setattr(ab, "run_suite", fake_suite)
+    monkeypatch.setattr(ab.torch.cuda, "get_device_name", lambda *a: "stub")
+    result, text = ab.run(picked[:2], [{}, {"acc_rescale": 2}], rounds=2, sdpa=True)
+    assert [c[0] for c in calls] == [{}, {"acc_rescale": 2}, {}, {"acc_rescale": 2}]
+    assert [c[1] for c in calls] == [True, False, False, False]
+    assert text.splitlines()[0].split()[-4:] == ["c0/r0", "c1/r0", "c0/r1", "c1/r1"]
+    row = next(line for line in text.splitlines() if line.startswith("prefill 4x2k "))
+    assert row.split()[-4:] == ["10.0", "20.0", "30.0", "40.0"]
+    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2}' in text
+    assert len(result["rows"]) == 4 * 2 + 2 and result["rounds"] == 2
