@@ -51,7 +51,11 @@ def run(cases: list[Case], configs: list[dict], rounds: int = 1, seed: int = 0, 
     """Every config over ``cases``, ``rounds`` times; ``invariant`` adds batch-invariant mode on the same inputs
     (rows ``... invariant``), ``sdpa`` dense SDPA once per case (first round, first config)."""
     rows, ceilings, table = [], None, {}
-    columns = [f"c{i}" + (f"/r{r}" if rounds > 1 else "") for r in range(rounds) for i in range(len(configs))]
+
+    def column(i: int, r: int) -> str:
+        return f"c{i}" + (f"/r{r}" if rounds > 1 else "")
+
+    columns = [column(i, r) for r in range(rounds) for i in range(len(configs))]
     for r in range(rounds):
         for i, cfg in enumerate(configs):
             with attention_config_override(**cfg):
@@ -64,7 +68,7 @@ def run(cases: list[Case], configs: list[dict], rounds: int = 1, seed: int = 0, 
                 if rec["provider"] == "sdpa_dense":
                     continue
                 name = rec["case"] + (" invariant" if rec["provider"] == "tpa_invariant" else "")
-                table.setdefault(name, {})[f"c{i}" + (f"/r{r}" if rounds > 1 else "")] = rec["us"]
+                table.setdefault(name, {})[column(i, r)] = rec["us"]
     width = max([26] + [len(n) + 2 for n in table])
     lines = [f"{'case (µs)':<{width}}" + "".join(f"{c:>10}" for c in columns)]
     lines += [f"{name:<{width}}" + "".join(f"{t.get(c, float('nan')):>10.1f}" for c in columns)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_paged_ops.kernels.attention import _ensure_allocator
+
 LOG2E = 1.4426950408889634
 
 
@@ -108,8 +110,8 @@ def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     if not group or n % tokens or n % block_n or (pack and block_m % group):
         raise ValueError("H must be a multiple of Hkv, and N of block_n and of the block's tokens")
     out = torch.empty_like(q)
-    if use_desc:
-        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device=q.device))
+    if use_desc and q.is_cuda:
+        _ensure_allocator()  # (device-built descriptors need Triton's scratch allocator; the interpreter does not)
     grid = (n // tokens, b * (k.shape[1] if pack else h))
     _dense_causal_kernel[grid](q, k, v, out, scale * LOG2E, n, h, GROUP=group, HEAD_DIM=d, BLOCK_M=block_m,
                                BLOCK_N=block_n, USE_DESC=use_desc, PACK=pack, LAZY=lazy, num_warps=num_warps,

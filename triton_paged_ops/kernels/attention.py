@@ -260,8 +260,8 @@ def _tile_update(
         if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
             acc = acc * alpha[:, None]
     else:
-        # Every tile (the same bits: x * 1 is x). The skip's branch between the MMAs made ptxas serialize every
-        # tensor-core MMA of the kernel at 128x128 tiles on sm_90 (C7515; NOTES v29).
+        # Every tile (the same bits: x * 1 is x), no CTA-wide test. (With Triton 3.7 the skip's branch between the
+        # MMAs made ptxas serialize every wgmma of the kernel at 128x128 tiles on sm_90: C7515, NOTES v29.)
         acc = acc * alpha[:, None]
 
     if KV_DESC:
