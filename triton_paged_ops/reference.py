@@ -1,8 +1,8 @@
 """Slow, plainly correct PyTorch versions of every ``tpa`` op.
 
 The tests trust these functions, so they favour the obvious over the fast: a Python loop over sequences, pages
-gathered into contiguous K/V, fp32 logits with explicit boolean masks, ``torch.softmax``. Layouts and semantics
-are those documented on :func:`triton_paged_ops.paged_attention`.
+gathered into contiguous K/V, fp32 logits (float64 on the CPU) with explicit boolean masks, ``torch.softmax``.
+Layouts and semantics are those documented on :func:`triton_paged_ops.paged_attention`.
 """
 
 from __future__ import annotations
@@ -49,6 +49,10 @@ def paged_attention_with_lse(
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     rows = list(range(len(lens))) if block_table_rows is None else block_table_rows.tolist()
+    # On the CPU, fp32 products split across threads came out differently from one process to the next (the same
+    # inputs: 2e-7 or 1.6e-5 relative to the kernel, the tests' fp32 tolerance is 1e-5); float64 costs nothing at
+    # CPU test sizes. GPUs keep fp32 (deterministic per shape, and the suites' long prompts would double in memory).
+    work = torch.float64 if q.device.type == "cpu" else torch.float32
     for b in range(len(lens)):
         q_start, q_end = cu[b], cu[b + 1]
         q_len, kv_len = q_end - q_start, lens[b]
@@ -57,23 +61,23 @@ def paged_attention_with_lse(
         row = rows[b]
         if not 0 <= row < block_table.shape[0]:
             row, kv_len = 0, 0  # a row outside the table: no keys (as the kernels define it)
-        k = gather_kv(k_cache, block_table[row], kv_len).float()
-        v = gather_kv(v_cache, block_table[row], kv_len).float()
+        k = gather_kv(k_cache, block_table[row], kv_len).to(work)
+        v = gather_kv(v_cache, block_table[row], kv_len).to(work)
         if k_scale is not None:
-            k = k * k_scale.float()
+            k = k * k_scale.to(work)
         if v_scale is not None:
-            v = v * v_scale.float()
+            v = v * v_scale.to(work)
         # GQA: query head h reads KV head h // group.
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        qb = q[q_start:q_end].float()
+        qb = q[q_start:q_end].to(work)
         logits = torch.einsum("qhd,khd->hqk", qb, k) * scale
         if softcap > 0:
             logits = softcap * torch.tanh(logits / softcap)
         pos = torch.arange(q_len, device=q.device) + (kv_len - q_len)  # bottom-right aligned positions
         key = torch.arange(kv_len, device=q.device)
         if alibi_slopes is not None:
-            logits = logits + alibi_slopes.float()[:, None, None] * (key[None, :] - pos[:, None]).float()
+            logits = logits + alibi_slopes.to(work)[:, None, None] * (key[None, :] - pos[:, None]).to(work)
         visible = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device)
         if causal:
             visible &= key[None, :] <= pos[:, None]
@@ -82,7 +86,7 @@ def paged_attention_with_lse(
         logits = logits.masked_fill(~visible, -math.inf)
         if sinks is not None:
             # The sink is one more logit per head that takes part in the softmax but has no value row.
-            sink_col = sinks.float()[:, None, None].expand(num_q_heads, q_len, 1)
+            sink_col = sinks.to(work)[:, None, None].expand(num_q_heads, q_len, 1)
             logits = torch.cat([logits, sink_col], dim=-1)
             v = torch.cat([v, torch.zeros_like(v[:1])], dim=0)
         row_lse = torch.logsumexp(logits, dim=-1)  # [Hq, q_len]
