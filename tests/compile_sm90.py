@@ -153,9 +153,12 @@ def main() -> int:
     }
     with attention.attention_config_override(kv_loads=2):
         results += [attention_variant(name, page_size=64, device_index=0, **kw) for name, kw in copies.items()]
-    # One-token rows of a mixed launch as a called function (``small_apart`` 2), on the H200 prefill tile.
-    with attention.attention_config_override(small_apart=2):
-        results.append(attention_variant("mixed one-token rows apart", max_q=512, device_index=0))
+    # One-token rows of a mixed launch in runs of keys per warp (``small_chunks`` 2), on the H200 prefill tiles (D128
+    # with 128-key decode tiles: runs of 16 keys; D64), page 16 (an id per run) and page 1 (an id per key).
+    with attention.attention_config_override(small_chunks=2):
+        results.append(attention_variant("mixed one-token runs per warp", max_q=512, device_index=0, sinks=True))
+        results.append(attention_variant("mixed one-token runs per warp D64 page 1", head_dim=64, max_q=512,
+                                         device_index=0, page_size=1))  # fmt: skip
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))

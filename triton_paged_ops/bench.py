@@ -322,9 +322,11 @@ def host_overhead_us(calls: int = 200) -> float:
 def finish(result: dict, text: str, out: str | None, prog: str, argv: list[str] | None) -> None:
     """Record the command line in ``result``, print ``text``, and write ``result`` as JSON to ``out`` if given."""
     import json
+    import shlex
     import sys
 
-    result["command"] = f"python -m {prog} " + " ".join(argv if argv is not None else sys.argv[1:])
+    # (Quoted as a shell would need it: JSON configs hold spaces and quotes.)
+    result["command"] = f"python -m {prog} " + shlex.join(argv if argv is not None else sys.argv[1:])
     print(text)
     if out:
         with open(out, "w") as f:

@@ -53,8 +53,9 @@ ORDER_KEYS = ("decode_order",)
 MERGE_KEYS = ("split_merge", "reduce_launch")
 # KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default: the
 # decode tile's width, at most the launch's own BLOCK_N).
-# Where their code lives: 1 inline in the kernel, 2 a called (noinline) function.
-SMALL_KEYS = ("small_block_n", "small_apart")
+# How they cut a KV tile: 1 one tile shared by all warps, 2 one run of keys per warp (no window, cap, ALiBi or cache
+# scales; a wide enough tile).
+SMALL_KEYS = ("small_block_n", "small_chunks")
 # A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (the default
 # for 16-bit decode), 2 read from page 0 (the default elsewhere: the key mask then depends on the key index alone,
 # and whole tiles below the sequence length run unguarded).
@@ -135,7 +136,7 @@ def validate_config(cfg: object) -> str | None:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_apart"):
+    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_chunks"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):

@@ -520,8 +520,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and how tall tiles
     read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies), and whether the
     online softmax skips the accumulator's multiply in tiles where no row's max moved (``acc_rescale``: 1 skips,
-    2 multiplies every tile), and whether a mixed launch's one-token rows run inline or as a called function
-    (``small_apart``: 1 inline, 2 called).
+    2 multiplies every tile), and how a mixed launch's one-token rows cut a KV tile (``small_chunks``: 1 one tile
+    shared by all warps, 2 one run of keys per warp where the launch allows it).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -630,9 +630,11 @@ def select_attention_config(
     # branch per tile) or done every tile (2). On the H200 skipping wins on D128/D256 prefill and decode (the
     # multiply costs 128 FMULs per thread per 256-row tile), multiplying wins on D64 prefill (+6%; NOTES v22, v29).
     cfg.setdefault("acc_rescale", 1)
-    # One-token rows of a launch of taller tiles run inline (1) or as a called function (2), whose code then takes
-    # no part in the register allocation of the tall tiles' loops (off until measured; NOTES v29).
-    cfg.setdefault("small_apart", 1)
+    # One-token rows of a launch of taller tiles: each KV tile shared by all warps (1: ~9 CTA barriers per tile, the
+    # row reductions cross the warps, and one tile in flight), or cut into one run of keys per warp (2), each run
+    # its own online softmax, merged at the end (2 barriers per tile, pipelined). H200: the mixed batch 730 -> 705
+    # µs, and whole prompts ~2% faster (the tall tiles' register allocation changes with it; NOTES v30).
+    cfg.setdefault("small_chunks", 2)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -655,11 +657,12 @@ def _attend_block(
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, LEAVES: tl.constexpr,
     FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
-    NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
+    NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
     its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse).
-    ``MERGE_IN_KERNEL``: the last of the block's segment programs to finish merges them all (``_merge_segments``)."""
+    ``MERGE_IN_KERNEL``: the last of the block's segment programs to finish merges them all (``_merge_segments``).
+    ``CHUNKS`` > 0 (one-token rows only): each KV tile in that many runs, one per warp (``_attend_segment_chunks``)."""
     context_len = kv_len - q_len  # bottom-right alignment: new tokens are the last q_len keys
 
     offs_m = tl.arange(0, BLOCK_M)
@@ -745,6 +748,13 @@ def _attend_block(
             out = _fold_out(out, o_seg, alpha[:, None], beta[:, None])
         total_safe, lse2 = _fold_result(m_fold, total)
         out = out / total_safe[:, None]
+    elif CHUNKS > 0:
+        out, lse2 = _attend_segment_chunks(
+            q, split * segment_len, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
+            q_head, row_valid, qk_scale, sinks_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
+            stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M,
+            BLOCK_N, CHUNKS, HAS_SINKS, DOT_PRECISION, CLAMP_PAGES, NARROW_OFFSETS,
+        )  # fmt: skip
     else:
         # One segment (all keys when nothing splits); sinks count in the one starting at key 0.
         out, lse2 = _attend_segment(
@@ -784,9 +794,90 @@ def _attend_block(
             )  # fmt: skip
 
 
-# One-token rows of a launch of tall tiles, as a called function (noinline): its code then does not take part in
-# the register allocation of the tall tiles' loops.
-_attend_block_apart = triton.jit(noinline=True)(_attend_block.fn)
+@triton.jit
+def _chunk_pages(bt_row_ptr, start_n, run_key, kv_len, PAGE_SIZE: tl.constexpr, CHUNKS: tl.constexpr,
+                 CHUNK: tl.constexpr):  # fmt: skip
+    """Page ids of the keys ``start_n + run_key`` ([CHUNKS, CHUNK]; 0 past ``kv_len``): one id per chunk where a
+    page holds whole chunks (``start_n`` is a multiple of the tile), else one per key."""
+    if PAGE_SIZE % CHUNK == 0:
+        first = start_n + tl.arange(0, CHUNKS) * CHUNK
+        pages = tl.load(bt_row_ptr + first // PAGE_SIZE, mask=first < kv_len, other=0)[:, None]
+    else:
+        key = start_n + run_key
+        pages = tl.load(bt_row_ptr + key // PAGE_SIZE, mask=key < kv_len, other=0)
+    return pages
+
+
+@triton.jit
+def _attend_segment_chunks(
+    q, seg_lo, lo, hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_head, row_valid,
+    qk_scale, sinks_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr,
+):  # fmt: skip
+    """``_attend_segment`` for one-token rows (no window, cap, ALiBi or cache scales) with each KV tile cut into
+    ``CHUNKS`` runs of ``BLOCK_N // CHUNKS`` keys, one online softmax per run: batched products [CHUNKS, rows,
+    keys] put one run on each warp, so a tile's row max and sum stay inside a warp (a tile shared by all warps
+    reduces each across them through shared memory: ~9 CTA barriers per tile). The runs merge once at the end.
+    Keys [lo, hi) with lo a multiple of BLOCK_N; the run starting at key 0 (``seg_lo == 0``) carries the sink."""
+    CHUNK: tl.constexpr = BLOCK_N // CHUNKS
+    offs_c = tl.arange(0, CHUNKS)
+    offs_k = tl.arange(0, CHUNK)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
+    run_key = offs_c[:, None] * CHUNK + offs_k[None, :]  # [CHUNKS, CHUNK]: a key's place in the tile
+    q3 = tl.broadcast_to(q[None, :, :], (CHUNKS, BLOCK_M, HEAD_DIM_PAD))
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        carries = tl.broadcast_to((offs_c[:, None] == 0) & (seg_lo == 0), (CHUNKS, BLOCK_M))
+        m_i = tl.where(carries, sink[None, :], float("-inf"))
+        l_i = tl.where(carries, 1.0, 0.0)
+    else:
+        m_i = tl.full([CHUNKS, BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([CHUNKS, BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
+    # Page ids a tile ahead (plain loads): each tile's K/V addresses are known when its copies are issued.
+    page_next = _chunk_pages(bt_row_ptr, lo, run_key, hi, PAGE_SIZE, CHUNKS, CHUNK)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        key = start_n + run_key
+        page = page_next
+        page_next = _chunk_pages(bt_row_ptr, start_n + BLOCK_N, run_key, hi, PAGE_SIZE, CHUNKS, CHUNK)
+        key_valid = key < hi
+        if CLAMP_PAGES:
+            page = tl.where(page.to(tl.uint32, bitcast=True) < num_pages, page, 0)
+        else:
+            key_valid = key_valid & (page >= 0) & (page < num_pages)
+        slot = key % PAGE_SIZE
+        if NARROW_OFFSETS:
+            k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
+            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
+        else:
+            k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
+            v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+        k = tl.load(k_cache_ptr + k_row[:, None, :] + offs_d[None, :, None],
+                    mask=key_valid[:, None, :] & (offs_d[None, :, None] < HEAD_DIM), other=0.0)  # fmt: skip
+        s = tl.dot(q3, k.to(q.dtype), input_precision=DOT_PRECISION)  # [CHUNKS, rows, keys]
+        s = tl.where(key_valid[:, None, :], s, float("-inf"))
+        # The scale sits in the exponent's fma (qk_scale > 0, base 2), as in _tile_update.
+        m_new = tl.maximum(m_i, tl.max(s, 2) * qk_scale)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(tl.fma(s, qk_scale, -m_safe[:, :, None]))
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 2)
+        v = tl.load(v_cache_ptr + v_row[:, :, None] + offs_dv[None, None, :],
+                    mask=key_valid[:, :, None] & (offs_dv[None, None, :] < HEAD_DIM_V), other=0.0)  # fmt: skip
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, :, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+    # The runs' states merged (an exact identity: each run's sums rescaled to the common max).
+    m_all = tl.max(m_i, 0)
+    m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
+    scale = tl.exp2(m_i - m_all_safe[None, :])
+    l_sum = tl.sum(l_i * scale, 0)
+    acc_sum = tl.sum(acc * scale[:, :, None], 0)
+    l_safe = tl.where(l_sum > 0.0, l_sum, 1.0)
+    out = acc_sum * (1.0 / l_safe)[:, None]
+    return out, tl.where(l_sum > 0.0, m_all + tl.log2(l_safe), float("-inf"))
 
 
 @triton.jit
@@ -967,7 +1058,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr,
     SMALL_M: tl.constexpr,
     SMALL_N: tl.constexpr,
-    SMALL_APART: tl.constexpr,
+    SMALL_CHUNKS: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -1099,7 +1190,7 @@ def _paged_attention_kernel(
         # Tall tiles (prefill) meet one-token sequences (a mixed batch of prefill chunks and decodes): those run
         # the decode tile instead, so a decode row does not pay a 128-row tile's tensor-core work for its heads.
         if q_len == 1:
-            (_attend_block_apart if SMALL_APART else _attend_block)(
+            _attend_block(
                 q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr, alibi_slopes_ptr, sinks_ptr, k_scale_ptr,
                 v_scale_ptr, bt_row_ptr, sm_scale, softcap, window_left, num_pages, q_start, q_len, 0, kv_head,
                 kv_len, split, segment_len, stride_q_t, stride_q_h, stride_k_page, stride_k_slot, stride_k_head,
@@ -1109,7 +1200,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL,
-                SEQUENTIAL_MERGE, FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False,
+                SEQUENTIAL_MERGE, FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False, SMALL_CHUNKS,
             )  # fmt: skip
             return
     _attend_block(
@@ -1123,7 +1214,7 @@ def _paged_attention_kernel(
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
         2 if QK_AHEAD else 1,
-        CLAMP_PAGES, NARROW_OFFSETS, KV_DESC,
+        CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, 0,
     )  # fmt: skip
 
 
@@ -1289,11 +1380,15 @@ def _cached_launch_plan(
                and head_dim_v == configs.padded_head_dim(head_dim_v) and cache_dtype == dtype
                and tensor_descriptors_supported(None if interpret else device_index, interpret)
                and (interpret or _copies_fit(cfg, head_dim, head_dim_v, dtype.itemsize, device_index)))  # fmt: skip
+    # One-token rows in runs of keys per warp: one run per warp.
+    chunked = _chunked_rows_ok(cfg, split.num_splits, dtype, cache_dtype, window_left, softcap, has_alibi,
+                               has_k_scale or has_v_scale)  # fmt: skip
+    small_chunks = cfg["num_warps"] if chunked else 0
     constexprs = dict(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], SMALL_M=cfg["SMALL_M"], SMALL_N=cfg["SMALL_N"],
-        SMALL_APART=cfg["SMALL_M"] > 0 and cfg["small_apart"] == 2,
+        SMALL_CHUNKS=small_chunks,
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
         HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
@@ -1318,6 +1413,16 @@ def _cached_launch_plan(
         options["enable_fp_fusion"] = False
     kernel_id = _KERNEL_IDS.setdefault((tuple(constexprs.items()), tuple(options.items())), len(_KERNEL_IDS))
     return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id)
+
+
+def _chunked_rows_ok(cfg: dict, num_splits: int, dtype: torch.dtype, cache_dtype: torch.dtype, window_left: int,
+                     softcap: float, has_alibi: bool, has_scales: bool) -> bool:  # fmt: skip
+    """Whether a launch's one-token rows cut their KV tiles into one run per warp (``small_chunks`` 2): 16-bit
+    caches of the query's dtype, no window, cap, ALiBi or scales, no split (a segment edge would fall inside a
+    run), and runs of at least 16 keys (a tensor-core product's K)."""
+    return (cfg["SMALL_M"] > 0 and cfg["small_chunks"] == 2 and num_splits == 1 and cache_dtype == dtype
+            and dtype in (torch.float16, torch.bfloat16) and window_left < 0 and softcap == 0.0 and not has_alibi
+            and not has_scales and cfg["SMALL_N"] // cfg["num_warps"] >= 16)  # fmt: skip
 
 
 def tensor_descriptors_supported(device_index: int | None, interpret: bool) -> bool:
