@@ -180,6 +180,22 @@ def _attend_tile(
 
 
 @triton.jit
+def _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
+             stride_v_head, NARROW_OFFSETS: tl.constexpr):  # fmt: skip
+    """Element offsets of the K and V rows of keys at ``slot`` of ``page`` (broadcast together), KV head ``kv_head``."""
+    if NARROW_OFFSETS:
+        # Every element of the caches lies below 2^31 (the host checks), and so does any clamped or in-range
+        # page's offset: 32-bit arithmetic, about 9% fewer instructions per page-16 prefill tile than 64-bit.
+        k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
+        v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
+    else:
+        # int64: page * stride overflows int32 for caches past 2 G elements.
+        k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
+        v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+    return k_row, v_row
+
+
+@triton.jit
 def _tile_scores(
     q, start_n, page, k_cache_ptr, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot, stride_k_head,
     stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -214,15 +230,8 @@ def _tile_scores(
             slot = start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)
         else:
             slot = offs_n % PAGE_SIZE
-        if NARROW_OFFSETS:
-            # Every element of the caches lies below 2^31 (the host checks), and so does any clamped or in-range
-            # page's offset: 32-bit arithmetic, about 9% fewer instructions per page-16 prefill tile than 64-bit.
-            k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
-            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
-        else:
-            # int64: page * stride overflows int32 for caches past 2 G elements.
-            k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
-            v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+        k_row, v_row = _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
+                                stride_v_slot, stride_v_head, NARROW_OFFSETS)  # fmt: skip
         if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
             k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
         else:
@@ -883,12 +892,8 @@ def _attend_segment_chunks(
         else:
             key_valid = key_valid & (page >= 0) & (page < num_pages)
         slot = key % PAGE_SIZE
-        if NARROW_OFFSETS:
-            k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
-            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
-        else:
-            k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
-            v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+        k_row, v_row = _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
+                                stride_v_slot, stride_v_head, NARROW_OFFSETS)  # fmt: skip
         k = tl.load(k_cache_ptr + k_row[:, None, :] + offs_d[None, :, None],
                     mask=key_valid[:, None, :] & (offs_d[None, :, None] < HEAD_DIM), other=0.0)  # fmt: skip
         s = tl.dot(q3, k.to(q.dtype), input_precision=DOT_PRECISION)  # [CHUNKS, rows, keys]
