@@ -159,6 +159,9 @@ def main() -> int:
         results.append(attention_variant("mixed one-token runs per warp", max_q=512, device_index=0, sinks=True))
         results.append(attention_variant("mixed one-token runs per warp D64 page 1", head_dim=64, max_q=512,
                                          device_index=0, page_size=1))  # fmt: skip
+    # A one-token tail's blocks alternating with the chunks' (``mixed_order`` 2).
+    with attention.attention_config_override(mixed_order=2):
+        results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0))
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))

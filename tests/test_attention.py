@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -633,3 +636,54 @@ def test_one_token_rows_keep_the_shared_tile_where_runs_do_not_apply(what):
     with attention_config_override(**cfg):
         assert _launch_plan(p).constexprs["SMALL_CHUNKS"] == 0
     _assert_close_under(p, [cfg])
+
+
+@triton.jit
+def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, num_seqs, BLOCK_Q: tl.constexpr):
+    block = tl.program_id(0)
+    mapped = attention._interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block, tl.num_programs(0), BLOCK_Q)
+    tl.store(out_ptr + block, mapped)
+
+
+@pytest.mark.parametrize("q_lens,pad", [
+    ([2048] + [1] * 63, 0),  # the mixed batch: a chunk, then decodes
+    ([40, 3, 1, 1, 1, 1, 1, 1], 5),  # more tail blocks than others, padding tokens after the batch
+    ([70, 1, 3, 1, 20, 1], 0),  # one-token rows inside the batch: only the tail counts
+    ([1, 1, 1], 0),  # decodes only
+    ([300, 64], 2),  # no one-token tail
+    ([0, 5, 0, 1], 0),  # empty sequences
+])  # fmt: skip
+def test_interleaved_dispatch_order_is_a_permutation(q_lens, pad):
+    """``mixed_order`` 2's map from dispatch position to query block is a permutation of the launch's blocks; a
+    batch ending in one-token sequences alternates the others' blocks (in order, from block 0) with the tail's
+    (in order, from the tail's first) while both last."""
+    block_q = 16
+    cu = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32, device=DEVICE)
+    num_blocks = (int(cu[-1]) + pad) // block_q + len(q_lens)  # the launcher's grid
+    out = torch.full((num_blocks,), -1, dtype=torch.int32, device=DEVICE)
+    _dispatch_order_kernel[(num_blocks,)](cu, out, len(q_lens), BLOCK_Q=block_q)
+    mapped = out.tolist()
+    assert sorted(mapped) == list(range(num_blocks))
+    tail = len(q_lens)
+    while tail > 0 and q_lens[tail - 1] == 1:
+        tail -= 1
+    first = int(cu[tail]) // block_q + tail  # the tail's first block (the natural numbering)
+    used = int(cu[-1]) // block_q + len(q_lens)
+    pairs = min(first, used - first)
+    assert mapped[: 2 * pairs : 2] == list(range(pairs))
+    assert mapped[1 : 2 * pairs : 2] == list(range(first, first + pairs))
+
+
+def test_interleaved_dispatch_order_gives_the_same_bits():
+    """A program computes its block whatever position dispatched it: the interleaved order gives the batch's bits
+    (chunks on a prefix, then one-token rows, with sinks)."""
+    spec = Spec(q_lens=[40, 20, 1, 1, 1, 1, 1], kv_lens=[200, 150, 177, 3, 60, 1, 90], pad_tokens=2, page_size=16,
+                num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
+                window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
+                strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=43)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16)
+    for order in (1, 2):
+        with attention_config_override(**cfg, mixed_order=order):
+            assert _launch_plan(p).constexprs["MIXED_ORDER"] == order
+    _assert_same_bits_under(p, [dict(cfg, mixed_order=1), dict(cfg, mixed_order=2)])

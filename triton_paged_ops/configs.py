@@ -47,7 +47,9 @@ INVARIANT_KEYS = ("invariant_segment", "invariant_leaves", "invariant_programs")
 # Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
 # 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest; 4 like 3,
 # but each sequence's segments take the last of the segment groups (long sequences' work first, last pieces last).
-ORDER_KEYS = ("decode_order",)
+# Prefill launches whose batch ends in one-token sequences: 1 query blocks in the batch's order, 2 the one-token
+# tail's blocks alternating with the others'.
+ORDER_KEYS = ("decode_order", "mixed_order")
 # Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile; whether that
 # second kernel is a plain launch (1) or a programmatic dependent one (2, default where the device has it).
 MERGE_KEYS = ("split_merge", "reduce_launch")
@@ -136,7 +138,7 @@ def validate_config(cfg: object) -> str | None:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_chunks"):
+    for key in ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_chunks", "mixed_order"):
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):

@@ -78,6 +78,35 @@ def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block_id, num_blocks, BLOCK_Q: tl.constexpr):
+    """The query block that dispatch position ``block_id`` runs when the batch ends in one-token sequences (a mixed
+    batch: prompts' chunks, then decodes): those blocks alternate with the others' (each kept in its own order, the
+    longest first) until one kind runs out, so decode rows stream while the chunks compute instead of all at once
+    at the end. A bijection of [0, num_blocks) whatever the batch holds (other batches keep their order)."""
+    total = tl.load(cu_seqlens_q_ptr + num_seqs)
+    # First sequence of the one-token tail: the smallest b whose suffix holds one token per sequence.
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if total - tl.load(cu_seqlens_q_ptr + mid) == num_seqs - mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    # Blocks of real sequences: [0, used); the tail's: [first, used). (Clamped: a bijection even for bad input.)
+    used = tl.minimum(total // BLOCK_Q + num_seqs, num_blocks)
+    first = tl.minimum(tl.load(cu_seqlens_q_ptr + lo) // BLOCK_Q + lo, used)
+    pairs = tl.minimum(first, used - first)
+    if block_id < 2 * pairs:
+        mapped = tl.where(block_id % 2 == 0, block_id // 2, first + block_id // 2)
+    elif block_id < used:
+        mapped = tl.where(first > used - first, block_id - pairs, first + block_id - pairs)
+    else:
+        mapped = block_id
+    return mapped
+
+
+@triton.jit
 def _tanh(x):
     # Written with exp so the same source runs on every backend and in the interpreter; exp(-2|x|) underflows to 0
     # for large |x| (saturating to +-1) instead of overflowing.
@@ -151,6 +180,22 @@ def _attend_tile(
 
 
 @triton.jit
+def _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
+             stride_v_head, NARROW_OFFSETS: tl.constexpr):  # fmt: skip
+    """Element offsets of the K and V rows of keys at ``slot`` of ``page`` (broadcast together), KV head ``kv_head``."""
+    if NARROW_OFFSETS:
+        # Every element of the caches lies below 2^31 (the host checks), and so does any clamped or in-range
+        # page's offset: 32-bit arithmetic, about 9% fewer instructions per page-16 prefill tile than 64-bit.
+        k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
+        v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
+    else:
+        # int64: page * stride overflows int32 for caches past 2 G elements.
+        k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
+        v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+    return k_row, v_row
+
+
+@triton.jit
 def _tile_scores(
     q, start_n, page, k_cache_ptr, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot, stride_k_head,
     stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
@@ -185,15 +230,8 @@ def _tile_scores(
             slot = start_n % PAGE_SIZE + tl.arange(0, BLOCK_N)
         else:
             slot = offs_n % PAGE_SIZE
-        if NARROW_OFFSETS:
-            # Every element of the caches lies below 2^31 (the host checks), and so does any clamped or in-range
-            # page's offset: 32-bit arithmetic, about 9% fewer instructions per page-16 prefill tile than 64-bit.
-            k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
-            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
-        else:
-            # int64: page * stride overflows int32 for caches past 2 G elements.
-            k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
-            v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+        k_row, v_row = _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
+                                stride_v_slot, stride_v_head, NARROW_OFFSETS)  # fmt: skip
         if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
             k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
         else:
@@ -521,7 +559,9 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies), and whether the
     online softmax skips the accumulator's multiply in tiles where no row's max moved (``acc_rescale``: 1 skips,
     2 multiplies every tile), and how a mixed launch's one-token rows cut a KV tile (``small_chunks``: 1 one tile
-    shared by all warps, 2 one run of keys per warp where the launch allows it).
+    shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
+    launch whose batch ends in one-token sequences (``mixed_order``: 1 the batch's order, 2 their blocks alternating
+    with the others').
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -635,6 +675,9 @@ def select_attention_config(
     # its own online softmax, merged at the end (2 barriers per tile, pipelined). H200: the mixed batch 730 -> 705
     # µs, and whole prompts ~2% faster (the tall tiles' register allocation changes with it; NOTES v30).
     cfg.setdefault("small_chunks", 2)
+    # Launches with one-token rows: query blocks in the batch's order (1), or a one-token tail's blocks alternating
+    # with the others' (2; off until measured).
+    cfg.setdefault("mixed_order", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -849,12 +892,8 @@ def _attend_segment_chunks(
         else:
             key_valid = key_valid & (page >= 0) & (page < num_pages)
         slot = key % PAGE_SIZE
-        if NARROW_OFFSETS:
-            k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
-            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
-        else:
-            k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
-            v_row = page.to(tl.int64) * stride_v_page + (slot.to(tl.int64) * stride_v_slot + kv_head * stride_v_head)
+        k_row, v_row = _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
+                                stride_v_slot, stride_v_head, NARROW_OFFSETS)  # fmt: skip
         k = tl.load(k_cache_ptr + k_row[:, None, :] + offs_d[None, :, None],
                     mask=key_valid[:, None, :] & (offs_d[None, :, None] < HEAD_DIM), other=0.0)  # fmt: skip
         s = tl.dot(q3, k.to(q.dtype), input_precision=DOT_PRECISION)  # [CHUNKS, rows, keys]
@@ -1085,6 +1124,7 @@ def _paged_attention_kernel(
     LAUNCH_DEPENDENTS: tl.constexpr,
     QK_AHEAD: tl.constexpr,
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
+    MIXED_ORDER: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     if LAUNCH_DEPENDENTS:
@@ -1121,6 +1161,8 @@ def _paged_attention_kernel(
         linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
         block_id = linear // tl.num_programs(1)
         kv_head = linear % tl.num_programs(1)
+        if MIXED_ORDER == 2:
+            block_id = _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block_id, tl.num_programs(0), BLOCK_Q)
 
     if ONE_BLOCK_PER_SEQ:
         # Every sequence fits one query block (decode): block b is sequence b, no search needed.
@@ -1404,6 +1446,8 @@ def _cached_launch_plan(
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
+        MIXED_ORDER=2 if cfg["mixed_order"] == 2 and cfg["SMALL_M"] > 0 and not one_block and split.num_splits == 1
+        else 1,
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
