@@ -687,3 +687,19 @@ def test_interleaved_dispatch_order_gives_the_same_bits():
         with attention_config_override(**cfg, mixed_order=order):
             assert _launch_plan(p).constexprs["MIXED_ORDER"] == order
     _assert_same_bits_under(p, [dict(cfg, mixed_order=1), dict(cfg, mixed_order=2)])
+
+
+@pytest.mark.parametrize("page_size,guard", [(16, 2), (16, 1), (32, 2)])
+def test_page_ids_once_per_page_give_the_same_bits(page_size, guard):
+    """``page_ids`` 2 loads a taller tile's page ids once per page (pages dividing the tile) instead of once per
+    key: the same ids, so the same bits, on chunks over a prefix, a short chunk and one-token rows beside them."""
+    spec = Spec(q_lens=[40, 1, 3, 20, 1], kv_lens=[300, 77, 3, 150, 200], pad_tokens=2, page_size=page_size,
+                num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
+                window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
+                strided=False, spare_pages=2, extra_cols=1, tiles=(32, 64), seed=47)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=64, page_guard=guard)
+    for mode in (1, 2):
+        with attention_config_override(**cfg, page_ids=mode):
+            assert _launch_plan(p).constexprs["PAGE_IDS"] == mode
+    _assert_same_bits_under(p, [dict(cfg, page_ids=1), dict(cfg, page_ids=2)])

@@ -329,7 +329,8 @@ def _attend_range(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ACC_RESCALE: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
     [full_lo, full_hi) (tile edges; every row of the block sees those tiles whole), masked ones after.
@@ -339,7 +340,8 @@ def _attend_range(
         kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
         stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
         HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS,
+        CLAMP_PAGES, NARROW_OFFSETS,
         KV_DESC,
         False, 1,
     )  # fmt: skip
@@ -373,7 +375,8 @@ def _attend_tiles(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ACC_RESCALE: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
     HAS_V_SCALE: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
     """``_attend_range``; with ``LEAVES`` > 1 the softmax state (acc, m_i, l_i) is that of leaf ``cur_leaf`` (keys
@@ -382,6 +385,8 @@ def _attend_tiles(
     # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
     # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
+    # Page ids once per page for taller tiles (``page_ids`` 2; one-token rows keep one load per key).
+    per_page: tl.constexpr = PAGE_IDS == 2 and BLOCK_Q > 1
     # (One-token rows keep the gathers: their last tile reaches past kv_len unmasked, which a block copy would read.)
     use_desc: tl.constexpr = KV_DESC and BLOCK_Q > 1
     k_src = k_cache_ptr
@@ -419,7 +424,7 @@ def _attend_tiles(
             # Taller tiles keep the plain order (there the pipeliner would stage more buffers than the shared memory
             # holds, D256), and so do the one-token rows of a prefill launch (0: with the launch's stages they cost
             # its tall tiles shared memory and speed; held to two stages, they still cost whole prompts 6%, NOTES v20).
-            page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N)
+            page = _tile_pages(bt_row_ptr, start, kv_len, PAGE_SIZE, BLOCK_N, per_page)
             if PAGES_AHEAD == 2 and phase == 1 and not one_token and LEAVES == 1:
                 # Taller tiles, scores one tile ahead: the next tile's q @ K^T is issued before this tile's softmax
                 # and P @ V, so the tensor cores have work while the softmax runs. The last step scores a tile past
@@ -430,14 +435,14 @@ def _attend_tiles(
                     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
                     BLOCK_N, DOT_PRECISION, 2 if unguarded else 0, CLAMP_PAGES, NARROW_OFFSETS, use_desc,
                 )  # fmt: skip
-                page = _tile_pages(bt_row_ptr, start + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
+                page = _tile_pages(bt_row_ptr, start + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N, per_page)
                 for start_n in tl.range(start, stop, BLOCK_N):
                     s_next, key_valid_next, v_loc_next = _tile_scores(
                         q, start_n + BLOCK_N, page, k_src, kv_head, kv_len, num_pages, stride_k_page, stride_k_slot,
                         stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, PAGE_SIZE,
                         BLOCK_N, DOT_PRECISION, 2 if unguarded else 0, CLAMP_PAGES, NARROW_OFFSETS, use_desc,
                     )  # fmt: skip
-                    page = _tile_pages(bt_row_ptr, start_n + 2 * BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
+                    page = _tile_pages(bt_row_ptr, start_n + 2 * BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N, per_page)
                     acc, m_i, l_i = _tile_update(
                         acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_src, q_pos, row_valid, qk_scale, softcap,
                         window_left, alibi_slope, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
@@ -450,9 +455,9 @@ def _attend_tiles(
                         # (Block copies: a copy whose coordinates come from a load of the same iteration is not
                         # pipelined; with the id a tile ahead the copies get the launch's stages.)
                         tile_page = page
-                        page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N)
+                        page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N, per_page)
                     else:
-                        tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N)
+                        tile_page = _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE, BLOCK_N, per_page)
                     if LEAVES > 1:
                         acc, m_i, l_i, out_f, m_f, t_f, cur_leaf = _enter_leaf(
                             start_n // leaf_len, cur_leaf, acc, m_i, l_i, out_f, m_f, t_f, v_scale_ptr, HAS_V_SCALE
@@ -498,13 +503,20 @@ def _kv_descriptors(k_cache_ptr, v_cache_ptr, kv_head, num_pages, stride_k_slot,
 
 
 @triton.jit
-def _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+def _tile_pages(bt_row_ptr, start_n, kv_len, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                PER_PAGE: tl.constexpr = False):  # fmt: skip
     """Page ids of the keys [start_n, start_n + BLOCK_N) of a sequence (0 past ``kv_len``: never read); one id
-    where the tile lies in one page (tiles start at multiples of BLOCK_N)."""
+    where the tile lies in one page (tiles start at multiples of BLOCK_N). ``PER_PAGE`` (pages of 16+ keys that
+    divide the tile): one load per page, each id repeated over its page's keys, instead of one load per key."""
     if PAGE_SIZE % BLOCK_N == 0:
         # A scalar id: the tile's addresses are then one base plus loop-invariant offsets (a vector of equal ids
         # kept a 64-bit address per key live, and the D128 prefill loop spilled at page 64).
         pages = tl.load(bt_row_ptr + start_n // PAGE_SIZE, mask=start_n < kv_len, other=0)
+    elif PER_PAGE and BLOCK_N % PAGE_SIZE == 0 and PAGE_SIZE >= 16:
+        NUM: tl.constexpr = BLOCK_N // PAGE_SIZE
+        first = start_n + tl.arange(0, NUM) * PAGE_SIZE
+        ids = tl.load(bt_row_ptr + first // PAGE_SIZE, mask=first < kv_len, other=0)
+        pages = tl.reshape(tl.broadcast_to(ids[:, None], (NUM, PAGE_SIZE)), (BLOCK_N,))
     else:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         pages = tl.load(bt_row_ptr + offs_n // PAGE_SIZE, mask=offs_n < kv_len, other=0)
@@ -561,7 +573,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     2 multiplies every tile), and how a mixed launch's one-token rows cut a KV tile (``small_chunks``: 1 one tile
     shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
     launch whose batch ends in one-token sequences (``mixed_order``: 1 the batch's order, 2 their blocks alternating
-    with the others').
+    with the others'), and how taller tiles load page ids where pages of 16+ keys divide the tile (``page_ids``: 1 one
+    per key, 2 one per page).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -678,6 +691,9 @@ def select_attention_config(
     # Launches with one-token rows: query blocks in the batch's order (1), or a one-token tail's blocks alternating
     # with the others' (2; off until measured).
     cfg.setdefault("mixed_order", 1)
+    # Taller tiles over pages of 16+ keys that divide the tile: one page-id load per key (1) or per page (2; off
+    # until measured: sm_90 SASS per D128 prefill tile 760 -> 735 instructions, D64 945 -> 1025, NOTES v30).
+    cfg.setdefault("page_ids", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -699,7 +715,8 @@ def _attend_block(
     HAS_ALIBI: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_K_SCALE: tl.constexpr, HAS_V_SCALE: tl.constexpr,
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, LEAVES: tl.constexpr,
     FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
-    SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, CLAMP_PAGES: tl.constexpr,
+    SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
@@ -784,7 +801,7 @@ def _attend_block(
                 stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, ACC_RESCALE,
-                PAGES_AHEAD,
+                PAGES_AHEAD, PAGE_IDS,
                 CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
             )  # fmt: skip
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
@@ -806,7 +823,7 @@ def _attend_block(
             sinks_ptr, v_scale_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
             stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, ACC_RESCALE,
-            PAGES_AHEAD,
+            PAGES_AHEAD, PAGE_IDS,
             CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
         )  # fmt: skip
 
@@ -928,7 +945,7 @@ def _attend_segment(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_V_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
     CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
     """Output and base-2 lse of the keys [lo, hi) of the segment starting at ``seg_lo`` (key 0's carries the
@@ -945,7 +962,8 @@ def _attend_segment(
             num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
             stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
-            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, CLAMP_PAGES,
+            IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS,
+            CLAMP_PAGES,
             NARROW_OFFSETS,
             KV_DESC,
         )  # fmt: skip
@@ -962,7 +980,8 @@ def _attend_segment(
             k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap,
             window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
             stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, CLAMP_PAGES, NARROW_OFFSETS,
+            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS,
+            CLAMP_PAGES, NARROW_OFFSETS,
             KV_DESC,
             HAS_V_SCALE, LEAVES,
         )  # fmt: skip
@@ -1125,6 +1144,7 @@ def _paged_attention_kernel(
     QK_AHEAD: tl.constexpr,
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
     MIXED_ORDER: tl.constexpr,
+    PAGE_IDS: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     if LAUNCH_DEPENDENTS:
@@ -1242,7 +1262,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL,
-                SEQUENTIAL_MERGE, FINAL_LSE, 0, CLAMP_PAGES, NARROW_OFFSETS, False, SMALL_CHUNKS,
+                SEQUENTIAL_MERGE, FINAL_LSE, 0, 1, CLAMP_PAGES, NARROW_OFFSETS, False, SMALL_CHUNKS,
             )  # fmt: skip
             return
     _attend_block(
@@ -1255,7 +1275,7 @@ def _paged_attention_kernel(
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
-        2 if QK_AHEAD else 1,
+        2 if QK_AHEAD else 1, PAGE_IDS,
         CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, 0,
     )  # fmt: skip
 
@@ -1448,6 +1468,7 @@ def _cached_launch_plan(
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
         MIXED_ORDER=2 if cfg["mixed_order"] == 2 and cfg["SMALL_M"] > 0 and not one_block and split.num_splits == 1
         else 1,
+        PAGE_IDS=cfg["page_ids"],
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if batch_invariant and (softcap > 0.0 or has_alibi):
