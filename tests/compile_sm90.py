@@ -23,6 +23,8 @@ from triton_paged_ops.kernels import attention, cache, merge
 
 TARGET = GPUTarget("cuda", 90, 32)
 SM90_SHARED_BYTES = 232448  # largest shared memory one program may use on sm_90 (227 KiB)
+# Every kernel compiled here, in order (``benchmarks.sass`` reads their PTX and cubins).
+COMPILED: list = []
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv",
         torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
 
@@ -46,6 +48,7 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: d
              if p in pointers or (sig[p] == "i32" and p not in unspecialised and p.startswith("stride"))}  # fmt: skip
     src = ASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
     compiled = triton.compile(src, target=TARGET, options=options)
+    COMPILED.append(compiled)
     return int(compiled.metadata.shared)
 
 

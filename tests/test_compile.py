@@ -47,3 +47,38 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     assert any(r["name"].startswith("invariant decode") and "reduce_shared" in r for r in results)
     leaves = next(r for r in results if r["name"] == "invariant decode leaves")
     assert "splits=16" in leaves["plan"] and leaves["reduce_fold_group"] == 4, leaves
+
+
+def test_loop_statistics_count_each_backward_branch_body():
+    """``benchmarks.sass.loop_stats`` on a hand-written disassembly: a loop is the range from a backward branch's
+    target to the branch; its opcodes are counted with or without a predicate; forward branches and short loops
+    are not loops."""
+    from benchmarks.sass import loop_stats
+
+    lines = ["/*0000*/ MOV R1, c[0x0][0x28] ;", "/*0010*/ @P0 BRA 0x0040 ;"]  # a forward branch
+    body = ["HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ", "MUFU.EX2 R2, R3", "@!P1 LDL R4, [R1]",
+            "BAR.SYNC.DEFER_BLOCKING 0x0", "LDGSTS.E.BYPASS.128 [R5], desc[UR6][R8.64]", "DEPBAR.LE SB0, 0x1",
+            "LDSM.16.M88.4 R8, [R9]", "STL [R1], R4"]  # fmt: skip
+    addr = 0x20
+    for text in body:
+        lines.append(f"/*{addr:04x}*/ {text} ;")
+        addr += 0x10
+    lines.append(f"/*{addr:04x}*/ @P2 BRA 0x0020 ;")
+    rows = loop_stats("\n".join(lines), min_instructions=2)
+    assert rows == [{"start": "0x20", "instructions": 9, "mma": 1, "barriers": 1, "copies": 1, "waits": 1,
+                     "shared_loads": 1, "spills": 2, "exp2": 1}]  # fmt: skip
+    assert loop_stats("\n".join(lines), min_instructions=10) == []
+
+
+def test_sass_statistics_of_the_h200_prefill_variant():
+    """``python -m benchmarks.sass`` compiles the H200 prefill variant and reports its loops: the KV-tile loops
+    hold tensor-core MMAs and exp2s, the kernel fits the register file and the shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "benchmarks.sass", "--regime", "prefill", "--json"], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    stats = json.loads(done.stdout)
+    assert "'BLOCK_M': 256" in stats["variant"] and 0 < stats["registers"] <= 255
+    assert 0 < stats["shared_bytes"] <= SM90_SHARED_BYTES
+    assert any(row["mma"] > 0 and row["exp2"] >= 64 for row in stats["loops"]), stats["loops"]
