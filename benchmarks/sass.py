@@ -25,7 +25,6 @@ import torch
 import triton
 
 from tests import compile_sm90
-from triton_paged_ops import configs, plan
 from triton_paged_ops.kernels import attention
 
 MAX_Q = {"decode": 1, "short": 8, "prefill": 512}
@@ -68,11 +67,7 @@ def loop_stats(sass: str, min_instructions: int = 50) -> list[dict]:
 
 def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> dict:
     """Compile the variant (H200 identity and table, 132 SMs) and read its ptxas report and loops."""
-    configs.device_identity = lambda device_index: ("NVIDIA H200", "9.0")
-    configs.triton_version = lambda: "3.6"
-    plan._num_sms = lambda device_index: 132
-    attention.dependent_launch_supported = lambda device_index: device_index is not None
-    configs.reload()
+    compile_sm90.pose_as("NVIDIA H200", "9.0", "3.6")
     compile_sm90.COMPILED.clear()
     with attention.attention_config_override(**config):
         variant = compile_sm90.attention_variant(regime, head_dim=head_dim, max_q=MAX_Q[regime], max_k=8192,

@@ -87,6 +87,16 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     return out
 
 
+def pose_as(gpu: str, capability: str, triton_version: str, num_sms: int = 132) -> None:
+    """Plan launches (device_index 0) as on that GPU with that Triton: its shipped table applies, ``num_sms`` SMs."""
+    configs.device_identity = lambda device_index: (gpu, capability)
+    configs.triton_version = lambda: triton_version
+    plan._num_sms = lambda device_index: num_sms
+    # An sm_90 device: the reduce is a dependent launch (the attention kernel signals it, the reduce waits).
+    attention.dependent_launch_supported = lambda device_index: device_index is not None
+    configs.reload()
+
+
 def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
     """Each entry of a shipped config table, compiled with the launch plan its GPU would get (the table's identity
     and Triton version, ``num_sms`` SMs): tuned tiles plus every branch the kernel adds to them (the decode tile of
@@ -94,12 +104,7 @@ def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
     data = json.loads(path.read_text())
     results = []
     for table in data["tables"]:
-        configs.device_identity = lambda device_index, t=table: (t["gpu"], t["capability"])
-        configs.triton_version = lambda t=table: t["triton"]
-        plan._num_sms = lambda device_index: num_sms
-        # An sm_90 device: the reduce is a dependent launch (the attention kernel signals it, the reduce waits).
-        attention.dependent_launch_supported = lambda device_index: device_index is not None
-        configs.reload()
+        pose_as(table["gpu"], table["capability"], table["triton"], num_sms)
         for e in table["entries"]:
             dtype, _, cache = e["dtype"].partition("+")
             cache_dtype = getattr(torch, cache) if cache else None

@@ -888,14 +888,10 @@ def _attend_segment_chunks(
     offs_dv = tl.arange(0, HEAD_DIM_V_PAD)
     run_key = offs_c[:, None] * CHUNK + offs_k[None, :]  # [CHUNKS, CHUNK]: a key's place in the tile
     q3 = tl.broadcast_to(q[None, :, :], (CHUNKS, BLOCK_M, HEAD_DIM_PAD))
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + q_head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
-        carries = tl.broadcast_to((offs_c[:, None] == 0) & (seg_lo == 0), (CHUNKS, BLOCK_M))
-        m_i = tl.where(carries, sink[None, :], float("-inf"))
-        l_i = tl.where(carries, 1.0, 0.0)
-    else:
-        m_i = tl.full([CHUNKS, BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([CHUNKS, BLOCK_M], dtype=tl.float32)
+    # Run 0 starts from the segment's state (the sink, where it carries one), the others empty.
+    _, m_0, l_0 = _softmax_start(sinks_ptr, q_head, row_valid, seg_lo == 0, BLOCK_M, HEAD_DIM_V_PAD, HAS_SINKS)
+    m_i = tl.where(offs_c[:, None] == 0, m_0[None, :], float("-inf"))
+    l_i = tl.where(offs_c[:, None] == 0, l_0[None, :], 0.0)
     acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
     # Page ids a tile ahead (plain loads): each tile's K/V addresses are known when its copies are issued.
     page_next = _chunk_pages(bt_row_ptr, lo, run_key, hi, PAGE_SIZE, CHUNKS, CHUNK)
@@ -929,11 +925,7 @@ def _attend_segment_chunks(
     m_all = tl.max(m_i, 0)
     m_all_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     scale = tl.exp2(m_i - m_all_safe[None, :])
-    l_sum = tl.sum(l_i * scale, 0)
-    acc_sum = tl.sum(acc * scale[:, :, None], 0)
-    l_safe = tl.where(l_sum > 0.0, l_sum, 1.0)
-    out = acc_sum * (1.0 / l_safe)[:, None]
-    return out, tl.where(l_sum > 0.0, m_all + tl.log2(l_safe), float("-inf"))
+    return _normalize(tl.sum(acc * scale[:, :, None], 0), m_all, tl.sum(l_i * scale, 0), None, False)
 
 
 @triton.jit
