@@ -620,23 +620,6 @@ def test_one_token_rows_cut_into_runs_per_warp_match_the_reference(page_size, ti
     _assert_close_under(p, [dict(cfg, small_chunks=1), dict(cfg, small_chunks=2)])
 
 
-def test_runs_per_warp_pipeline_depth_gives_the_same_bits():
-    """``small_stages`` sets how many KV tiles the per-warp runs keep in flight; the arithmetic is the same, so the
-    bits are (one-token rows over many tiles beside a chunk, with sinks)."""
-    spec = Spec(q_lens=[40, 1, 1, 1], kv_lens=[200, 301, 64, 5], pad_tokens=2, page_size=16, num_kv_heads=2, group=2,
-                head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
-                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=False, spare_pages=2,
-                extra_cols=1, tiles=(32, 16), seed=53)  # fmt: skip
-    p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, small_block_n=64, num_warps=4, small_chunks=2, num_stages=2)
-    for stages in (2, 4):
-        with attention_config_override(**cfg, small_stages=stages):
-            assert _launch_plan(p).constexprs["SMALL_STAGES"] == stages
-    with attention_config_override(**cfg):
-        assert _launch_plan(p).constexprs["SMALL_STAGES"] is None  # the compiler's choice by default
-    _assert_same_bits_under(p, [cfg, dict(cfg, small_stages=3), dict(cfg, small_stages=4)])
-
-
 @pytest.mark.parametrize("what", ["window", "softcap", "alibi", "split"])
 def test_one_token_rows_keep_the_shared_tile_where_runs_do_not_apply(what):
     """Runs per warp take no window, cap, ALiBi or split segments: such launches keep one tile for all warps (and

@@ -57,8 +57,7 @@ MERGE_KEYS = ("split_merge", "reduce_launch")
 # decode tile's width, at most the launch's own BLOCK_N).
 # How they cut a KV tile: 1 one tile shared by all warps, 2 one run of keys per warp (no window, cap, ALiBi or cache
 # scales; a wide enough tile).
-# Pipeline depth of the runs' tile loop (default: the compiler's own choice).
-SMALL_KEYS = ("small_block_n", "small_chunks", "small_stages")
+SMALL_KEYS = ("small_block_n", "small_chunks")
 # A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (the default
 # for 16-bit decode), 2 read from page 0 (the default elsewhere: the key mask then depends on the key index alone,
 # and whole tiles below the sequence length run unguarded).
@@ -134,9 +133,8 @@ def validate_config(cfg: object) -> str | None:
             return f"{key} must be a power of two >= 16, got {cfg[key]}"
     if cfg.get("num_warps", 4) not in (1, 2, 4, 8, 16):
         return f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']}"
-    for key in ("num_stages", "small_stages"):
-        if cfg.get(key, 2) > 8:
-            return f"{key} must be <= 8, got {cfg[key]}"
+    if cfg.get("num_stages", 2) > 8:
+        return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("fill_percent", 100) > 100:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):

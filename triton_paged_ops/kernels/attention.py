@@ -718,7 +718,7 @@ def _attend_block(
     FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
-    NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, CHUNKS: tl.constexpr, CHUNK_STAGES: tl.constexpr,
+    NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, CHUNKS: tl.constexpr,
 ):  # fmt: skip
     """Query block ``q_block`` (``BLOCK_Q`` tokens x ``GROUP`` heads in ``BLOCK_M`` rows) of one sequence against
     its keys (one segment of them under split-KV): load q, run the online softmax, store out (and lse).
@@ -814,7 +814,7 @@ def _attend_block(
             q, split * segment_len, kv_lo, kv_hi, k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages,
             q_head, row_valid, qk_scale, sinks_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
             stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M,
-            BLOCK_N, CHUNKS, CHUNK_STAGES, HAS_SINKS, DOT_PRECISION, CLAMP_PAGES, NARROW_OFFSETS,
+            BLOCK_N, CHUNKS, HAS_SINKS, DOT_PRECISION, CLAMP_PAGES, NARROW_OFFSETS,
         )  # fmt: skip
     else:
         # One segment (all keys when nothing splits); sinks count in the one starting at key 0.
@@ -875,8 +875,7 @@ def _attend_segment_chunks(
     qk_scale, sinks_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr,
-    STAGES: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, CLAMP_PAGES: tl.constexpr,
-    NARROW_OFFSETS: tl.constexpr,
+    HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr,
 ):  # fmt: skip
     """``_attend_segment`` for one-token rows (no window, cap, ALiBi or cache scales) with each KV tile cut into
     ``CHUNKS`` runs of ``BLOCK_N // CHUNKS`` keys, one online softmax per run: batched products [CHUNKS, rows,
@@ -897,7 +896,9 @@ def _attend_segment_chunks(
     acc = tl.zeros([CHUNKS, BLOCK_M, HEAD_DIM_V_PAD], dtype=tl.float32)
     # Page ids a tile ahead (plain loads): each tile's K/V addresses are known when its copies are issued.
     page_next = _chunk_pages(bt_row_ptr, lo, run_key, hi, PAGE_SIZE, CHUNKS, CHUNK)
-    for start_n in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+    # No num_stages here: given any (2, 3 or 4), Triton 3.6 pipelines the page-id loads too and waits for every copy
+    # each tile (H200 mixed batch 699 -> 735-814 µs, NOTES v31); left to itself it keeps two tiles of copies going.
+    for start_n in tl.range(lo, hi, BLOCK_N):
         key = start_n + run_key
         page = page_next
         page_next = _chunk_pages(bt_row_ptr, start_n + BLOCK_N, run_key, hi, PAGE_SIZE, CHUNKS, CHUNK)
@@ -1111,7 +1112,6 @@ def _paged_attention_kernel(
     SMALL_M: tl.constexpr,
     SMALL_N: tl.constexpr,
     SMALL_CHUNKS: tl.constexpr,
-    SMALL_STAGES: tl.constexpr,
     IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
@@ -1258,7 +1258,6 @@ def _paged_attention_kernel(
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL,
                 SEQUENTIAL_MERGE, FINAL_LSE, 0, 1, CLAMP_PAGES, NARROW_OFFSETS, False, SMALL_CHUNKS,
-                SMALL_STAGES,
             )  # fmt: skip
             return
     _attend_block(
@@ -1272,7 +1271,7 @@ def _paged_attention_kernel(
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
         2 if QK_AHEAD else 1, PAGE_IDS,
-        CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, 0, None,
+        CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, 0,
     )  # fmt: skip
 
 
@@ -1446,10 +1445,7 @@ def _cached_launch_plan(
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, HEAD_DIM_V=head_dim_v,
         HEAD_DIM_V_PAD=configs.padded_head_dim(head_dim_v), PAGE_SIZE=page_size,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_Q=block_q, BLOCK_N=cfg["BLOCK_N"], SMALL_M=cfg["SMALL_M"], SMALL_N=cfg["SMALL_N"],
-        # The runs' pipeline depth where a table sets it, else the compiler's choice (None). Triton 3.6 pipelines
-        # that loop differently when told the launch's own depth (3): 4 CTA barriers and 4 waits per tile instead of
-        # 2 and 1, and the H200 mixed batch 698 -> 814 µs (NOTES v31).
-        SMALL_CHUNKS=small_chunks, SMALL_STAGES=cfg.get("small_stages") if small_chunks else None,
+        SMALL_CHUNKS=small_chunks,
         IS_CAUSAL=causal, HAS_WINDOW=window_left >= 0, HAS_SOFTCAP=softcap > 0.0,
         HAS_ALIBI=has_alibi, HAS_SINKS=has_sinks, HAS_K_SCALE=has_k_scale, HAS_V_SCALE=has_v_scale,
         HAS_BT_ROWS=has_rows, WRITE_LSE=want_lse or split.num_splits > 1, SPLIT_KV=split.num_splits > 1,
