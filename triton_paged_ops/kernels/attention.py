@@ -84,9 +84,12 @@ def _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block_id, num_blocks,
     longest first) until one kind runs out, so decode rows stream while the chunks compute instead of all at once
     at the end. A bijection of [0, num_blocks) whatever the batch holds (other batches keep their order)."""
     total = tl.load(cu_seqlens_q_ptr + num_seqs)
-    # First sequence of the one-token tail: the smallest b whose suffix holds one token per sequence.
+    # First sequence of the one-token tail: the smallest b whose suffix holds one token per sequence. A batch whose
+    # last sequence is not one token long has none (lo = num_seqs at once: whole prompts pay one load, no search).
     lo = 0
     hi = num_seqs
+    if total - tl.load(cu_seqlens_q_ptr + num_seqs - 1) != 1:
+        lo = num_seqs
     while lo < hi:
         mid = (lo + hi) // 2
         if total - tl.load(cu_seqlens_q_ptr + mid) == num_seqs - mid:
@@ -1461,8 +1464,9 @@ def _cached_launch_plan(
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
-        MIXED_ORDER=2 if cfg["mixed_order"] == 2 and cfg["SMALL_M"] > 0 and not one_block and split.num_splits == 1
-        else 1,
+        # (A one-token tail beside other work needs two sequences at least.)
+        MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and cfg["SMALL_M"] > 0 and not one_block and split.num_splits == 1
+                          and num_seqs > 1) else 1,
         PAGE_IDS=cfg["page_ids"],
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
