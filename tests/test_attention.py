@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 
 import pytest
@@ -687,6 +688,10 @@ def test_interleaved_dispatch_order_gives_the_same_bits():
         with attention_config_override(**cfg, mixed_order=order):
             assert _launch_plan(p).constexprs["MIXED_ORDER"] == order
     _assert_same_bits_under(p, [dict(cfg, mixed_order=1), dict(cfg, mixed_order=2)])
+    # A lone sequence has no tail beside other work: the option leaves its launch alone.
+    one = build(dataclasses.replace(spec, q_lens=[40], kv_lens=[200]), DEVICE)
+    with attention_config_override(**cfg, mixed_order=2):
+        assert _launch_plan(one).constexprs["MIXED_ORDER"] == 1
 
 
 @pytest.mark.parametrize("page_size,guard", [(16, 2), (16, 1), (32, 2)])

@@ -692,7 +692,8 @@ def select_attention_config(
     # µs, and whole prompts ~2% faster (the tall tiles' register allocation changes with it; NOTES v30).
     cfg.setdefault("small_chunks", 2)
     # Launches with one-token rows: query blocks in the batch's order (1), or a one-token tail's blocks alternating
-    # with the others' (2; off until measured).
+    # with the others' (2). H200: the mixed batch -2%, but launches of several prompts +0.5-2.5% (the block map sits
+    # before the sequence search in every program's prologue), so off (NOTES v31).
     cfg.setdefault("mixed_order", 1)
     # Taller tiles over pages of 16+ keys that divide the tile: one page-id load per key (1) or per page (2). H200,
     # page 16: prefill 1x8k / 4x2k -2%, D256 -10%, short queries -3%, but D64 +4% (its loop grows: sm_90 SASS per
