@@ -167,10 +167,12 @@ def main() -> int:
         results.append(attention_variant("mixed one-token runs per warp", max_q=512, device_index=0, sinks=True))
         results.append(attention_variant("mixed one-token runs per warp D64 page 1", head_dim=64, max_q=512,
                                          device_index=0, page_size=1))  # fmt: skip
-    # Taller tiles' page ids once per page (``page_ids`` 2), D128 and D256 prefill at page 16.
+    # Taller tiles' page ids at page 16 in the form the H200 default does not take there: one load per key at D128
+    # (``page_ids`` 1), one per page at D64 (2).
+    with attention.attention_config_override(page_ids=1):
+        results.append(attention_variant("prefill page ids per key", max_q=512, device_index=0))
     with attention.attention_config_override(page_ids=2):
-        results.append(attention_variant("prefill page ids per page", max_q=512, device_index=0))
-        results.append(attention_variant("prefill D256 page ids per page", head_dim=256, max_q=512, device_index=0))
+        results.append(attention_variant("prefill D64 page ids per page", head_dim=64, max_q=512, device_index=0))
     # A one-token tail's blocks alternating with the chunks' (``mixed_order`` 2).
     with attention.attention_config_override(mixed_order=2):
         results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0))

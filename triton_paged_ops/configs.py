@@ -72,6 +72,9 @@ GUARD_KEYS = ("page_guard",)
 # 2 done every tile.
 # Page ids of taller tiles over pages of 16+ keys that divide the tile: 1 one load per key, 2 one per page.
 LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids")
+# Keys that choose between two forms (1 or 2).
+SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_chunks", "mixed_order",
+               "page_ids")  # fmt: skip
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -139,16 +142,7 @@ def validate_config(cfg: object) -> str | None:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in (
-        "page_guard",
-        "kv_loads",
-        "kv_offsets",
-        "qk_ahead",
-        "acc_rescale",
-        "small_chunks",
-        "mixed_order",
-        "page_ids",
-    ):
+    for key in SWITCH_KEYS:
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):
