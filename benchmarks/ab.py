@@ -1,7 +1,8 @@
 """Launch configs side by side on one suite: ``python -m benchmarks.ab --suite {decode,prefill,short} --config JSON
 [JSON ...] [--only NAME ...] [--skip NAME ...] [--rounds N] [--batch-invariant] [--sdpa] [--out FILE]`` (CUDA GPU).
 
-Each config is a JSON object of ``attention_config_override`` keys (``{}``: the defaults). All of them run the
+Each config is a JSON object of ``attention_config_override`` keys (``{}``: the defaults), and optionally ``"hints":
+false`` (the calls pass no ``decode_tail`` layout hint; by default each passes its batch's). All of them run the
 suite's cases in one process, round after round in the same order (config 0, 1, ..., then again), so drift within
 the run shows beside the differences. Every timing is a CUDA-graph replay median with its error against the
 reference (outputs poisoned first); the HBM read ceiling, and with ``--sdpa`` dense SDPA once per case, come from
@@ -31,7 +32,9 @@ def parse_configs(p: argparse.ArgumentParser, texts: list[str]) -> list[dict]:
             p.error(f"--config takes JSON objects, got {text!r}: {exc}")
         if not isinstance(cfg, dict):
             p.error(f"--config takes JSON objects, got {text!r}")
-        table_keys = {k: v for k, v in cfg.items() if k != "num_splits"}
+        if not isinstance(cfg.get("hints", True), bool):
+            p.error(f"--config {text!r}: hints takes true or false")
+        table_keys = {k: v for k, v in cfg.items() if k not in ("num_splits", "hints")}
         problem = config_tables.validate_config(table_keys) if table_keys else None
         if problem:
             p.error(f"--config {text!r}: {problem}")
@@ -58,8 +61,10 @@ def run(cases: list[Case], configs: list[dict], rounds: int = 1, seed: int = 0, 
     columns = [column(i, r) for r in range(rounds) for i in range(len(configs))]
     for r in range(rounds):
         for i, cfg in enumerate(configs):
-            with attention_config_override(**cfg):
-                res = run_suite(cases, seed=seed, with_sdpa=sdpa and r == 0 and i == 0, with_invariant=invariant)
+            override = {k: v for k, v in cfg.items() if k != "hints"}
+            with attention_config_override(**override):
+                res = run_suite(cases, seed=seed, with_sdpa=sdpa and r == 0 and i == 0, with_invariant=invariant,
+                                hints=cfg.get("hints", True))  # fmt: skip
             ceilings = res["ceilings"]
             for rec in res["records"]:
                 rows.append({"config": i, "round": r, "case": rec["case"], "provider": rec["provider"],

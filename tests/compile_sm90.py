@@ -54,14 +54,15 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: d
 
 def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=128, group=4, num_seqs=4, max_q=1,
                       max_k=8192, window=-1, softcap=0.0, alibi=False, sinks=False, scales=False, rows=False,
-                      lse=False, invariant=False, device_index=None, page_size=16) -> dict:  # fmt: skip
+                      lse=False, invariant=False, device_index=None, page_size=16,
+                      decode_tail=False) -> dict:  # fmt: skip
     cache_dtype = cache_dtype or dtype
     lp = attention.attention_launch_plan(
         num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype,
         cache_dtype=cache_dtype, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=True,
         window_left=window, softcap=softcap, has_alibi=alibi, has_sinks=sinks, has_k_scale=scales,
         has_v_scale=scales, has_rows=rows, want_lse=lse, device_index=device_index, interpret=False,
-        batch_invariant=invariant,
+        batch_invariant=invariant, decode_tail=decode_tail,
     )  # fmt: skip
     split = lp.split.num_splits > 1
     f32 = torch.float32
@@ -173,9 +174,10 @@ def main() -> int:
         results.append(attention_variant("prefill page ids per key", max_q=512, device_index=0))
     with attention.attention_config_override(page_ids=2):
         results.append(attention_variant("prefill D64 page ids per page", head_dim=64, max_q=512, device_index=0))
-    # A one-token tail's blocks alternating with the chunks' (``mixed_order`` 2).
+    # A one-token tail's blocks alternating with the chunks' (``mixed_order`` 2, a caller's ``decode_tail`` hint).
     with attention.attention_config_override(mixed_order=2):
-        results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0))
+        results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0,
+                                         decode_tail=True))  # fmt: skip
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))

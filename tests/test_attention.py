@@ -295,8 +295,9 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
     assert all(not c.any() for k, c in attention._scratch_buffers().items() if k[0] == "merge_counts")
 
 
-def _launch_plan(p, batch_invariant: bool = False):
-    """The launch plan a call on the built batch ``p`` (no scales or row indirection) gets."""
+def _launch_plan(p, batch_invariant: bool = False, decode_tail: bool = False):
+    """The launch plan a call on the built batch ``p`` (no scales or row indirection) gets (``decode_tail``: with a
+    hint > 0)."""
     spec = p.spec
     return attention_launch_plan(
         num_q_heads=spec.num_kv_heads * spec.group, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
@@ -305,7 +306,7 @@ def _launch_plan(p, batch_invariant: bool = False):
         window_left=spec.window_left, softcap=spec.softcap, has_alibi=spec.use_alibi, has_sinks=spec.use_sinks,
         has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
         device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
-        batch_invariant=batch_invariant,
+        batch_invariant=batch_invariant, decode_tail=decode_tail,
     )  # fmt: skip
 
 
@@ -640,9 +641,10 @@ def test_one_token_rows_keep_the_shared_tile_where_runs_do_not_apply(what):
 
 
 @triton.jit
-def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, num_seqs, BLOCK_Q: tl.constexpr):
+def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, num_seqs, tail_seq, BLOCK_Q: tl.constexpr):
     block = tl.program_id(0)
-    mapped = attention._interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block, tl.num_programs(0), BLOCK_Q)
+    mapped = attention._interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, tail_seq, block, tl.num_programs(0),
+                                                  BLOCK_Q)  # fmt: skip
     tl.store(out_ptr + block, mapped)
 
 
@@ -655,43 +657,61 @@ def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, num_seqs, BLOCK_Q: tl.cons
     ([0, 5, 0, 1], 0),  # empty sequences
 ])  # fmt: skip
 def test_interleaved_dispatch_order_is_a_permutation(q_lens, pad):
-    """``mixed_order`` 2's map from dispatch position to query block is a permutation of the launch's blocks; a
-    batch ending in one-token sequences alternates the others' blocks (in order, from block 0) with the tail's
-    (in order, from the tail's first) while both last."""
+    """``mixed_order`` 2's map from dispatch position to query block is a permutation of the launch's blocks for
+    any tail start it is given (a wrong ``decode_tail`` hint included); with the batch's own one-token tail it
+    alternates the others' blocks (in order, from block 0) with the tail's (in order, from the tail's first) while
+    both last."""
     block_q = 16
     cu = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32, device=DEVICE)
     num_blocks = (int(cu[-1]) + pad) // block_q + len(q_lens)  # the launcher's grid
-    out = torch.full((num_blocks,), -1, dtype=torch.int32, device=DEVICE)
-    _dispatch_order_kernel[(num_blocks,)](cu, out, len(q_lens), BLOCK_Q=block_q)
-    mapped = out.tolist()
-    assert sorted(mapped) == list(range(num_blocks))
     tail = len(q_lens)
     while tail > 0 and q_lens[tail - 1] == 1:
         tail -= 1
-    first = int(cu[tail]) // block_q + tail  # the tail's first block (the natural numbering)
-    used = int(cu[-1]) // block_q + len(q_lens)
-    pairs = min(first, used - first)
-    assert mapped[: 2 * pairs : 2] == list(range(pairs))
-    assert mapped[1 : 2 * pairs : 2] == list(range(first, first + pairs))
+    for tail_seq in sorted({tail, 0, len(q_lens), len(q_lens) // 2, -3, len(q_lens) + 4}):
+        out = torch.full((num_blocks,), -1, dtype=torch.int32, device=DEVICE)
+        _dispatch_order_kernel[(num_blocks,)](cu, out, len(q_lens), tail_seq, BLOCK_Q=block_q)
+        mapped = out.tolist()
+        assert sorted(mapped) == list(range(num_blocks)), tail_seq
+        if tail_seq == tail:
+            first = int(cu[tail]) // block_q + tail  # the tail's first block (the natural numbering)
+            used = int(cu[-1]) // block_q + len(q_lens)
+            pairs = min(first, used - first)
+            assert mapped[: 2 * pairs : 2] == list(range(pairs))
+            assert mapped[1 : 2 * pairs : 2] == list(range(first, first + pairs))
 
 
-def test_interleaved_dispatch_order_gives_the_same_bits():
-    """A program computes its block whatever position dispatched it: the interleaved order gives the batch's bits
-    (chunks on a prefix, then one-token rows, with sinks)."""
+def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
+    """A program computes its block whatever position dispatched it: with the ``decode_tail`` hint (right or
+    wrong) the interleaved order gives the batch's bits (chunks on a prefix, then one-token rows, with sinks), all
+    close to the reference. The order is taken only with a hint > 0 and ``mixed_order`` 2, and never for a lone
+    sequence."""
     spec = Spec(q_lens=[40, 20, 1, 1, 1, 1, 1], kv_lens=[200, 150, 177, 3, 60, 1, 90], pad_tokens=2, page_size=16,
                 num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
                 window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
                 strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=43)  # fmt: skip
     p = build(spec, DEVICE)
+    assert tpa.decode_tail_of(spec.q_lens) == 5
     cfg = dict(BLOCK_M=32, BLOCK_N=16)
-    for order in (1, 2):
+    for order, hint, expect in ((1, True, 1), (2, False, 1), (2, True, 2)):
         with attention_config_override(**cfg, mixed_order=order):
-            assert _launch_plan(p).constexprs["MIXED_ORDER"] == order
-    _assert_same_bits_under(p, [dict(cfg, mixed_order=1), dict(cfg, mixed_order=2)])
-    # A lone sequence has no tail beside other work: the option leaves its launch alone.
+            assert _launch_plan(p, decode_tail=hint).constexprs["MIXED_ORDER"] == expect
+    t, hq = p.q.shape[:2]
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    n = p.num_real_tokens
+    got = []
+    with attention_config_override(**cfg, mixed_order=2):
+        for hint in (-1, 5, 0, 2, 7):  # unknown, right, and three wrong ones
+            out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
+            lse = torch.full((t, hq), float("nan"), device=p.q.device)
+            tpa.paged_attention_out(*p.args, **p.kwargs, decode_tail=hint, out=out, lse=lse)
+            assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
+            got.append((out, lse))
+    for out, lse in got[1:]:
+        assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
+    # A lone sequence has no tail beside other work: the hint leaves its launch alone.
     one = build(dataclasses.replace(spec, q_lens=[40], kv_lens=[200]), DEVICE)
     with attention_config_override(**cfg, mixed_order=2):
-        assert _launch_plan(one).constexprs["MIXED_ORDER"] == 1
+        assert _launch_plan(one, decode_tail=True).constexprs["MIXED_ORDER"] == 1
 
 
 @pytest.mark.parametrize("page_size,guard", [(16, 2), (16, 1), (32, 2)])

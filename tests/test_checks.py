@@ -114,6 +114,8 @@ def test_bad_argument_is_named(name, mutate, message):
         ({"alibi_slopes": lambda d: torch.ones(16, device=d)[::2]}, "alibi_slopes must be contiguous"),
         ({"k_scale": lambda d: torch.ones(2, device=d)}, "k_scale must have exactly 1 element"),
         ({"v_scale": lambda d: torch.ones(1, dtype=torch.float64, device=d)}, "v_scale must be float32"),
+        ({"decode_tail": -2}, r"decode_tail must be -1 \(not known\) or a count of sequences in \[0, B=2\]"),
+        ({"decode_tail": 3}, "decode_tail must be"),
     ],
 )
 def test_bad_feature_argument_is_named(kw, message):
@@ -209,9 +211,26 @@ class TestDebugMode:
         with pytest.raises(ValueError, match="slot_mapping has a slot"):
             tpa.reshape_and_cache(key, key, cache, cache.clone(), torch.tensor([64], dtype=I32, device=DEVICE))
 
+    def test_wrong_decode_tail_hint(self):
+        # good_args: a 4-token chunk, then one decode.
+        with pytest.raises(ValueError, match=r"decode_tail=0 does not describe the batch: .*\[4, 1\]"):
+            call(good_args(), decode_tail=0)
+        with pytest.raises(ValueError, match="decode_tail=2 does not describe"):
+            call(good_args(), decode_tail=2)
+
     def test_valid_input_passes(self):
-        out = call(good_args())
+        args = good_args()
+        out = call(args)
         assert out.shape == (5, 8, 64)
+        for hint in (-1, 1):
+            assert torch.equal(call(args, decode_tail=hint), out)
+
+
+@pytest.mark.parametrize("q_lens,hint", [
+    ([], 0), ([5, 3], 0), ([1], 1), ([1, 1], 2), ([5, 1, 1], 2), ([0, 7, 1], 1), ([1, 5], -1), ([4, 1, 6, 1], -1),
+])  # fmt: skip
+def test_decode_tail_of_host_lengths(q_lens, hint):
+    assert tpa.decode_tail_of(q_lens) == hint
 
 
 @pytest.mark.parametrize("bad_id", [10_000_000, -3])

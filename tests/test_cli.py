@@ -142,6 +142,22 @@ def test_prefill_suite_cases_and_causal_flops():
     assert check_case(inp) < 2e-3
 
 
+def test_benchmark_calls_pass_the_batch_layout_hint():
+    """Benchmark calls pass each batch's ``decode_tail`` (a prompt's chunk then decodes: 2), as serving does, or
+    none (-1) when asked; the result stays correct either way."""
+    import torch
+
+    from triton_paged_ops.bench import Case, build_inputs, check_case
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    mixed = Case("mixed small", [40, 9, 17], q_lens=[30, 1, 1], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                 dtype=torch.float16)  # fmt: skip
+    for hints, expect in ((True, 2), (False, -1)):
+        inp = build_inputs(mixed, seed=3, device=device, hints=hints)
+        assert inp.decode_tail == expect
+        assert check_case(inp) < 2e-3
+
+
 def test_fp8_split_benchmark_cases_and_arguments(capsys):
     """``benchmarks.fp8_split`` runs fp8-cache copies of the decode suite's page-16 D128 cases; its configs must be
     JSON objects (a clear error otherwise), and without a GPU it says so instead of timing anything."""
@@ -172,6 +188,7 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     for bad, msg in ((["--config", "acc_rescale=2"], "JSON objects"), (["--config", "[1]"], "JSON objects"),
                      (["--config", '{"acc_rescale": 3}'], "acc_rescale must be 1 or 2"),
                      (["--config", '{"bogus": 1}'], "unknown key"), (["--only", "B3x7k"], "no case"),
+                     (["--config", '{"hints": 0}'], "hints takes true or false"),
                      (["--rounds", "0"], "--rounds")):  # fmt: skip
         with pytest.raises(SystemExit) as exc:
             ab.main(bad)
@@ -184,10 +201,10 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
 
     calls = []
 
-    def fake_suite(cases, seed=0, with_sdpa=True, with_invariant=False):
+    def fake_suite(cases, seed=0, with_sdpa=True, with_invariant=False, hints=True):
         from triton_paged_ops.kernels import attention
 
-        calls.append((dict(attention._config_override), with_sdpa))
+        calls.append((dict(attention._config_override), with_sdpa, hints))
         recs = [{"case": c.name, "provider": "tpa", "us": 10.0 * len(calls), "tflops": 1.0, "kv_tbps": 2.0,
                  "rel_err": 1e-3} for c in cases]  # fmt: skip
         recs += [{"case": c.name, "provider": "sdpa_dense", "us": 7.0, "tflops": 1.0, "kv_tbps": 2.0}
@@ -196,11 +213,12 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
 
     monkeypatch.setattr(ab, "run_suite", fake_suite)
     monkeypatch.setattr(ab.torch.cuda, "get_device_name", lambda *a: "stub")
-    result, text = ab.run(picked[:2], [{}, {"acc_rescale": 2}], rounds=2, sdpa=True)
+    result, text = ab.run(picked[:2], [{}, {"acc_rescale": 2, "hints": False}], rounds=2, sdpa=True)
     assert [c[0] for c in calls] == [{}, {"acc_rescale": 2}, {}, {"acc_rescale": 2}]
     assert [c[1] for c in calls] == [True, False, False, False]
+    assert [c[2] for c in calls] == [True, False, True, False]
     assert text.splitlines()[0].split()[-4:] == ["c0/r0", "c1/r0", "c0/r1", "c1/r1"]
     row = next(line for line in text.splitlines() if line.startswith("prefill 4x2k "))
     assert row.split()[-4:] == ["10.0", "20.0", "30.0", "40.0"]
-    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2}' in text
+    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2, "hints": false}' in text
     assert len(result["rows"]) == 4 * 2 + 2 and result["rounds"] == 2

@@ -23,20 +23,27 @@ FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_s
                 has_v_scale=False, has_rows=False, want_lse=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
-def test_enumerated_variants_cover_random_serving_batches(invariant):
+@pytest.mark.parametrize("invariant,hints", [(False, False), (True, False), (False, True)],
+                         ids=["default", "batch_invariant", "decode_tail_hints"])  # fmt: skip
+def test_enumerated_variants_cover_random_serving_batches(invariant, hints):
+    """(With ``decode_tail`` hints, batches said to end in one-token sequences too: mixed batches' variants.)"""
     dev = None if INTERPRET else torch.cuda.current_device()
-    found = reachable_variants(ServingSettings(**SETTINGS, **LIMITS, batch_invariant=invariant), dev, INTERPRET)
+    settings = ServingSettings(**SETTINGS, **LIMITS, batch_invariant=invariant, decode_tail=hints)
+    found = reachable_variants(settings, dev, INTERPRET)
     rng = random.Random(0)
+    orders = set()
     for _ in range(3000):
         batch = rng.randint(1, LIMITS["max_batch"])
         # Decode, speculative-verify-like and prefill-chunk bounds, and any context bound up to the limit.
         q = rng.choice([1, rng.randint(2, 16), rng.randint(17, LIMITS["max_query"])])
         k = rng.randint(q, LIMITS["max_context"])
+        tail = hints and rng.random() < 0.5
         lp = attention_launch_plan(**SETTINGS, cache_dtype=SETTINGS["dtype"], num_seqs=batch, max_seqlen_q=q,
                                    max_seqlen_k=k, head_dim_v=64, device_index=dev, interpret=INTERPRET,
-                                   **FEATURES, batch_invariant=invariant)  # fmt: skip
-        assert lp.variant() in found, (batch, q, k)
+                                   **FEATURES, batch_invariant=invariant, decode_tail=tail)  # fmt: skip
+        assert lp.variant() in found, (batch, q, k, tail)
+        orders.add(lp.constexprs["MIXED_ORDER"])
+    assert orders == ({1, 2} if hints else {1})
 
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
@@ -119,11 +126,13 @@ def test_warmup_runs_each_variant_and_reports(capsys):
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_serving_loop_after_warmup_compiles_nothing(invariant, fp8):
-    """(An fp8 cache on an H200 also has a table entry of its own for batches with a pair per SM.)"""
+    """(An fp8 cache on an H200 also has a table entry of its own for batches with a pair per SM.) The loop passes
+    each batch's ``decode_tail`` hint, so mixed batches take their interleaved variants."""
     settings = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16, dtype=torch.bfloat16)
     limits = dict(max_batch=48, max_context=8192, max_query=512)
     cache_dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
-    st = ServingSettings(**settings, **limits, batch_invariant=invariant, cache_dtype=cache_dtype, kv_scale=fp8)
+    st = ServingSettings(**settings, **limits, batch_invariant=invariant, cache_dtype=cache_dtype, kv_scale=fp8,
+                         decode_tail=True)  # fmt: skip
     scales = (
         {"k_scale": torch.tensor([0.5], device="cuda"), "v_scale": torch.tensor([2.0], device="cuda")} if fp8 else {}
     )
@@ -143,6 +152,8 @@ def test_serving_loop_after_warmup_compiles_nothing(invariant, fp8):
         kind = step % 3  # decode, short (speculative verify), mixed prefill chunk + decodes
         q_lens = [1] * batch if kind == 0 else [rng.randint(1, 16) for _ in range(batch)]
         if kind == 2:
+            if rng.random() < 0.5:  # a prompt's chunk, then decodes (a decode tail)
+                q_lens = [1] * batch
             q_lens[0] = rng.randint(17, limits["max_query"])
         kv_lens = [q + rng.randint(0, limits["max_context"] - limits["max_query"]) for q in q_lens]
         width = -(-max(kv_lens) // 16)
@@ -153,6 +164,7 @@ def test_serving_loop_after_warmup_compiles_nothing(invariant, fp8):
         kv = torch.randn(sum(q_lens), 8, 128, device="cuda", dtype=torch.bfloat16)
         tpa.reshape_and_cache(kv, kv, k_cache, v_cache, slots, **scales)
         tpa.paged_attention(q, k_cache, v_cache, table, cu, torch.tensor(kv_lens, dtype=torch.int32, device="cuda"),
-                            max(q_lens), max(kv_lens), 128**-0.5, batch_invariant=invariant, **scales)  # fmt: skip
+                            max(q_lens), max(kv_lens), 128**-0.5, batch_invariant=invariant,
+                            decode_tail=tpa.decode_tail_of(q_lens), **scales)  # fmt: skip
     torch.cuda.synchronize()
     assert compiled_kernel_count() == before

@@ -11,13 +11,14 @@ from triton_paged_ops.api import (
     reshape_and_cache,
 )
 from triton_paged_ops.cascade import cascade_attention
-from triton_paged_ops.checks import debug_mode, set_debug_mode
+from triton_paged_ops.checks import debug_mode, decode_tail_of, set_debug_mode
 
 __version__ = "0.1.0"
 
 __all__ = [
     "cascade_attention",
     "debug_mode",
+    "decode_tail_of",
     "merge_attn_states",
     "paged_attention",
     "paged_attention_out",

@@ -64,11 +64,18 @@ _ATTENTION_PARAMS = """
         slower in this mode). Verified for the Triton
         kernels on an H200 and the interpreter; the plain-PyTorch fallback for CPU tensors attends each sequence
         alone (batch-mate and order invariant, not bitwise between prefill and decode).
+    decode_tail : int, default -1
+        Host-side hint of the batch's layout: how many sequences at its end are decodes (one new token each) with
+        no one-token sequence before them, as in SGLang's mixed batches (:func:`decode_tail_of` computes it from
+        host query lengths); -1 if not known. A prefill launch whose batch ends in decodes then dispatches
+        their work interleaved with the prompts' (``mixed_order``), so the decode rows stream while the prompts
+        compute. Only the schedule depends on it: any value gives the same results (a wrong one costs time; debug
+        mode names it). Ignored by decode launches and in batch-invariant mode.
 """
 
 
 def _attention(op: str, args: tuple, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
-    """Call attention op ``op`` with its 18 schema arguments ``args`` (and the out variant's buffers): without the
+    """Call attention op ``op`` with its 19 schema arguments ``args`` (and the out variant's buffers): without the
     dispatcher in plain eager mode (``ops.direct_attention``), else through ``torch.ops``. Arguments go
     positionally: the dispatcher parses keywords against the schema one by one (several µs per call)."""
     done = ops.direct_attention(op, args, out, lse)
@@ -106,10 +113,12 @@ def paged_attention(
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
+    decode_tail: int = -1,
 ) -> torch.Tensor:
     return _attention("paged_attention", (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
+        decode_tail,
     ))  # fmt: skip
 
 
@@ -153,10 +162,12 @@ def paged_attention_with_lse(
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
+    decode_tail: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _attention("paged_attention_with_lse", (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
+        decode_tail,
     ))  # fmt: skip
 
 
@@ -191,12 +202,14 @@ def paged_attention_out(
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
+    decode_tail: int = -1,
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
     _attention("paged_attention_out", (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
+        decode_tail,
     ), out, lse)  # fmt: skip
 
 

@@ -19,6 +19,7 @@ import torch
 import triton
 
 from triton_paged_ops import api, ops, reference
+from triton_paged_ops.checks import decode_tail_of
 from triton_paged_ops.inputs import random_paged_batch
 
 
@@ -148,9 +149,12 @@ class Inputs:
     kv_bytes: int
     flops: float
     kwargs: dict = dataclasses.field(default_factory=dict)  # k/v scales of an fp8 cache
+    decode_tail: int = -1  # the ops' layout hint (-1: none given)
 
 
-def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
+def build_inputs(case: Case, seed: int, device: str = "cuda", hints: bool = True) -> Inputs:
+    """The case's random batch; ``hints``: calls pass its ``decode_tail`` (its layout, as a serving framework knows
+    it)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     pb = random_paged_batch(
         case.queries(), case.kv_lens, num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads,
@@ -164,14 +168,15 @@ def build_inputs(case: Case, seed: int, device: str = "cuda") -> Inputs:
     kwargs = {}
     if case.cache_dtype is not None and case.cache_dtype.itemsize == 1:
         kwargs = {"k_scale": torch.tensor([0.8], device=device), "v_scale": torch.tensor([1.2], device=device)}
-    return Inputs(pb.args, out, kv_bytes, flops, kwargs)
+    return Inputs(pb.args, out, kv_bytes, flops, kwargs, decode_tail_of(case.queries()) if hints else -1)
 
 
 def check_case(inp: Inputs, max_seqs: int = 4, batch_invariant: bool = False) -> float:
     """Relative L2 error of the kernel against the reference on up to ``max_seqs`` sequences (poisoned output)."""
     q, k_cache, v_cache, block_table, cu, seq_lens, mq, mk, scale = inp.args
     inp.out.fill_(float("nan"))
-    api.paged_attention_out(*inp.args, **inp.kwargs, batch_invariant=batch_invariant, out=inp.out)
+    api.paged_attention_out(*inp.args, **inp.kwargs, batch_invariant=batch_invariant, decode_tail=inp.decode_tail,
+                            out=inp.out)  # fmt: skip
     n_tok = int(cu[max_seqs]) if len(seq_lens) > max_seqs else q.shape[0]
     sub = slice(0, min(max_seqs, len(seq_lens)))
     ref = reference.paged_attention(q[:n_tok], k_cache, v_cache, block_table[sub], cu[: sub.stop + 1],
@@ -342,17 +347,19 @@ def _git_sha() -> str:
         return "unknown"
 
 
-def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_invariant: bool = False) -> dict:
+def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_invariant: bool = False,
+              hints: bool = True) -> dict:  # fmt: skip
     """Run ``cases``; returns a JSON-ready dict with environment, ceilings and one record per (case, provider).
 
-    ``with_invariant`` adds the batch-invariant mode of the kernel on the same inputs ("tpa_invariant").
+    ``with_invariant`` adds the batch-invariant mode of the kernel on the same inputs ("tpa_invariant"); ``hints``:
+    the calls pass each batch's ``decode_tail`` hint.
     """
     ceil = hbm_ceilings()
     # The eager call's host time, before and after the suite: the later figure has read higher on a shared host.
     overhead_before = host_overhead_us()
     records = []
     for i, case in enumerate(cases):
-        inp = build_inputs(case, seed + i)
+        inp = build_inputs(case, seed + i, hints=hints)
         shape = {
             "B": len(case.kv_lens),
             "kv_tokens": sum(case.kv_lens),
@@ -368,7 +375,7 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
         for provider, invariant in (("tpa", False), ("tpa_invariant", True))[: 2 if with_invariant else 1]:
             err = check_case(inp, batch_invariant=invariant)
             us = time_graph(lambda inp=inp, inv=invariant: api.paged_attention_out(
-                *inp.args, **inp.kwargs, batch_invariant=inv, out=inp.out))  # fmt: skip
+                *inp.args, **inp.kwargs, batch_invariant=inv, decode_tail=inp.decode_tail, out=inp.out))  # fmt: skip
             tbps = inp.kv_bytes / us / 1e6
             records.append({**base, "provider": provider, "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
                             "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip
@@ -454,7 +461,7 @@ def plot_records(result: dict, path: str) -> None:
 
 def run_benchmark(
     out: str | None, png: str | None, only: list[str] | None, with_sdpa: bool, config: dict[str, int], seed: int,
-    prog: str, argv: list[str] | None, with_invariant: bool = False, suite: str = "decode",
+    prog: str, argv: list[str] | None, with_invariant: bool = False, suite: str = "decode", hints: bool = True,
 ) -> int:  # fmt: skip
     """A suite (``SUITES``) as a command: table on stdout, JSON to ``out``, chart to ``png`` (each if given)."""
     import sys
@@ -471,8 +478,8 @@ def run_benchmark(
             print(f"no case matches {only}; cases: {[c.name for c in SUITES[suite]()]}", file=sys.stderr)
             return 2
     with attention_config_override(**config):
-        result = run_suite(cases, seed=seed, with_sdpa=with_sdpa, with_invariant=with_invariant)
-    result["config"], result["suite"] = config, suite
+        result = run_suite(cases, seed=seed, with_sdpa=with_sdpa, with_invariant=with_invariant, hints=hints)
+    result["config"], result["suite"], result["decode_tail_hints"] = config, suite, hints
     finish(result, format_records(result), out, prog, argv)
     if png:
         try:
@@ -498,6 +505,8 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> 
     p.add_argument("--batch-invariant", action="store_true",
                    help="also time batch-invariant mode on the same inputs (provider tpa_invariant)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--no-hints", action="store_true",
+                   help="call without the decode_tail layout hint (by default each passes its batch's)")  # fmt: skip
     p.add_argument("--config", default=None, metavar="K=V,...",
                    help="force launch options for every case, e.g. BLOCK_N=64,num_warps=4,num_stages=3,num_splits=8 "
                    "or decode_order=1 / split_merge=2 / small_block_n=128 (keys: attention_config_override; default: "
@@ -514,4 +523,4 @@ def bench_command(args, prog: str, argv: list[str] | None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     return run_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv,
-                                args.batch_invariant, args.suite)  # fmt: skip
+                         args.batch_invariant, args.suite, not args.no_hints)  # fmt: skip

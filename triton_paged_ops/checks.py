@@ -9,7 +9,7 @@ device-to-host sync, which CUDA graphs forbid and serving cannot afford; they ru
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -103,6 +103,7 @@ def check_attention_args(
     k_scale: torch.Tensor | None,
     v_scale: torch.Tensor | None,
     block_table_rows: torch.Tensor | None = None,
+    decode_tail: int = -1,
 ) -> None:
     """Metadata-only checks of ``paged_attention``'s arguments; raises ``ValueError``/``TypeError`` naming one."""
     if not isinstance(q, torch.Tensor):
@@ -161,6 +162,10 @@ def check_attention_args(
         raise ValueError(f"window_left must be -1 (no window) or >= 0, got {window_left}")
     if not 0.0 <= softcap < float("inf"):
         raise ValueError(f"softcap must be 0 (off) or a finite > 0, got {softcap}")
+    if not -1 <= decode_tail <= batch:
+        raise ValueError(
+            f"decode_tail must be -1 (not known) or a count of sequences in [0, B={batch}], got {decode_tail}"
+        )
     _check_per_head("alibi_slopes", alibi_slopes, num_q_heads, dev)
     _check_per_head("sinks", sinks, num_q_heads, dev)
     _check_scale_tensor("k_scale", k_scale, dev)
@@ -177,6 +182,16 @@ def check_attention_outputs(q: torch.Tensor, v_cache: torch.Tensor, out: torch.T
         raise ValueError(f"lse must have shape [T, Hq]={list(expect[:2])}, got {tuple(lse.shape)}")
 
 
+def decode_tail_of(q_lens: Sequence[int]) -> int:
+    """The ``decode_tail`` hint of a batch from its query lengths (host values, e.g. SGLang's
+    ``extend_seq_lens_cpu``): how many sequences at its end have one new token, if no earlier one has; else -1."""
+    n = len(q_lens)
+    tail = 0
+    while tail < n and q_lens[n - 1 - tail] == 1:
+        tail += 1
+    return tail if all(x != 1 for x in q_lens[: n - tail]) else -1
+
+
 def debug_check_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -186,6 +201,7 @@ def debug_check_attention(
     max_seqlen_q: int,
     max_seqlen_k: int,
     block_table_rows: torch.Tensor | None = None,
+    decode_tail: int = -1,
 ) -> None:
     """Checks that read index tensors (device-to-host sync): run only in debug mode."""
     cu = cu_seqlens_q.cpu().long()
@@ -205,6 +221,14 @@ def debug_check_attention(
     _require(
         bool((q_lens <= lens).all()),
         lambda: "seq_lens must count the new tokens too: some sequence has q_len > seq_len",
+    )
+    # The hint only steers the schedule, but a wrong one is a caller's bug worth naming here.
+    _require(
+        decode_tail < 0 or decode_tail_of(q_lens.tolist()) == decode_tail,
+        lambda: (
+            f"decode_tail={decode_tail} does not describe the batch: its query lengths are {q_lens.tolist()} "
+            f"(the last decode_tail sequences must have one new token each, and no earlier one; -1 if not known)"
+        ),
     )
     page_size, num_pages = k_cache.shape[1], k_cache.shape[0]
     bt = block_table.cpu()

@@ -77,18 +77,19 @@ def _attention_into(
     batch_invariant: bool,
     out: torch.Tensor,
     lse: torch.Tensor | None,
+    decode_tail: int = -1,
 ) -> PreparedLaunch | None:
     """Shared body of the three attention ops after the checks: kernel or reference, writing ``out``/``lse``.
     Returns the prepared launch of a kernel run (None: nothing launched, or the reference ran)."""
     if checks.debug_mode():
         checks.debug_check_attention(
-            q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, block_table_rows
+            q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, block_table_rows, decode_tail
         )
     if _use_kernels(q):
         return _launch_paged_attention(
             q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
             window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, INTERPRET,
-            batch_invariant,
+            batch_invariant, decode_tail=decode_tail,
         )  # fmt: skip
     # (The reference attends each sequence on its own, in fp32: batch-invariant already.)
     ref_out, ref_lse = reference.paged_attention_with_lse(
@@ -122,7 +123,7 @@ _profiling = _torch_hook(torch._C._autograd, "_profiler_enabled")
 
 
 def _plain_eager(args: tuple) -> bool:
-    """Whether ``torch.ops`` would do nothing but call an attention op's body on its 18 schema arguments ``args``, as
+    """Whether ``torch.ops`` would do nothing but call an attention op's body on its 19 schema arguments ``args``, as
     far as the process state and the host values tell: not compiling or tracing (dynamo reads ``is_compiling()`` as
     True and keeps the op in its graph), no torch function or dispatch mode (fake tensors, functionalization, ``with
     torch.device``), no functorch transform, no profiler (the dispatcher records the op), and Python
@@ -132,8 +133,8 @@ def _plain_eager(args: tuple) -> bool:
     return not (
         type(args[6]) is not int or type(args[7]) is not int or type(args[10]) is not int
         or type(args[8]) is not float or type(args[11]) is not float or type(args[9]) is not bool
-        or type(args[17]) is not bool or _compiling() or _dispatch_modes() or _function_modes()
-        or _functorch_active() or _jit_tracing() is not None or _profiling()
+        or type(args[17]) is not bool or type(args[18]) is not int or _compiling() or _dispatch_modes()
+        or _function_modes() or _functorch_active() or _jit_tracing() is not None or _profiling()
     )  # fmt: skip
 
 
@@ -147,7 +148,7 @@ def _plain_tensors(tensors: tuple) -> bool:
 
 def direct_attention(op: str, args: tuple, out: torch.Tensor | None, lse: torch.Tensor | None):
     """An attention op's result computed without the dispatcher (a prepared launch repeated, or the op body), or
-    ``MISS`` when only ``torch.ops`` may run this call. ``args``: the 18 schema arguments. The dispatcher costs
+    ``MISS`` when only ``torch.ops`` may run this call. ``args``: the 19 schema arguments. The dispatcher costs
     ~6 µs of an eager decode call; it bumps no version counter for these ops, so skipping it changes nothing else
     where ``_plain_eager`` and ``_plain_tensors`` (or the matched launch's ``direct``) hold."""
     if not _plain_eager(args):
@@ -164,14 +165,14 @@ _NOTHING_OPTIONAL = (True,) * 6
 
 
 def _lookup(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant, out,
-            lse) -> tuple[tuple, tuple]:  # fmt: skip
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
+            decode_tail, out, lse) -> tuple[tuple, tuple]:  # fmt: skip
     """A call's prepared-launch key: host values (with ``max_seqlen_k``'s planning bound, ``plan.key_bound``, and
     which optional tensors are absent), and the tensors a matcher compares (the present ones, in schema order)."""
     absent = (alibi_slopes is None, sinks is None, k_scale is None, v_scale is None, block_table_rows is None,
               lse is None)  # fmt: skip
     host = (op, q.shape, max_seqlen_q, key_bound(max_seqlen_k), scale, causal, window_left, softcap, batch_invariant,
-            absent)  # fmt: skip
+            decode_tail, absent)  # fmt: skip
     if out is None:
         tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
     else:
@@ -188,8 +189,8 @@ def _table_keys(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
 
 
 def _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant, out, lse,
-            direct: bool = False):  # fmt: skip
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
+            decode_tail, out, lse, direct: bool = False):  # fmt: skip
     """Run the launch an earlier successful call with the same metadata prepared, on these tensors, and return the
     op's result; ``MISS`` (nothing done) when there is none, or the call needs the full path (debug mode, another
     current device, ``max_seqlen_k`` past the block table's reach, or ``direct`` and a launch not prepared from
@@ -202,7 +203,8 @@ def _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_se
     try:
         entry = PREPARED.find(*_lookup(
             op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant, out, lse,
+            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
+            decode_tail, out, lse,
         ))  # fmt: skip
     except (AttributeError, TypeError):  # not a tensor, not an int
         return MISS
@@ -225,7 +227,7 @@ _ATTENTION_ARGS = (
     "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, "
     "SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, bool causal=True, SymInt window_left=-1, "
     "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, "
-    "Tensor? block_table_rows=None, bool batch_invariant=False"
+    "Tensor? block_table_rows=None, bool batch_invariant=False, SymInt decode_tail=-1"
 )
 _ATTENTION_OPS = {
     "paged_attention": f"({_ATTENTION_ARGS}) -> Tensor",
@@ -253,6 +255,7 @@ def _attention(
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
     batch_invariant: bool = False,
+    decode_tail: int = -1,
     *,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
@@ -268,7 +271,7 @@ def _attention(
     if not fake:
         done = _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
                        scale, causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
-                       batch_invariant, out, lse)  # fmt: skip
+                       batch_invariant, decode_tail, out, lse)  # fmt: skip
         if done is not MISS:
             return done
         device = _foreign_device(q)
@@ -276,11 +279,11 @@ def _attention(
             with torch.cuda.device(device):
                 tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
                 flags = (causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-                return _attention(*tensors, max_seqlen_q, max_seqlen_k, scale, *flags, batch_invariant, out=out,
-                                  lse=lse, op=op, fake=fake)  # fmt: skip
+                return _attention(*tensors, max_seqlen_q, max_seqlen_k, scale, *flags, batch_invariant, decode_tail,
+                                  out=out, lse=lse, op=op, fake=fake)  # fmt: skip
     args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
     feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-    checks.check_attention_args(*args, *feats)
+    checks.check_attention_args(*args, *feats, decode_tail)
     if op == "paged_attention_out":
         checks.check_attention_outputs(q, v_cache, out, lse)
     else:
@@ -291,12 +294,12 @@ def _attention(
         if keep:
             # Planned for the bound the host key holds (capped by the table, as the checks passed for the exact one).
             args = (*args[:7], min(key_bound(max_seqlen_k), capacity), scale)
-        prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse)
+        prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse, decode_tail)
         if keep:
             host, tensors = _lookup(
                 op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
                 causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
-                batch_invariant, out_arg, lse_arg,
+                batch_invariant, decode_tail, out_arg, lse_arg,
             )  # fmt: skip
             PREPARED.add(host, tensors, prepared, capacity, _plain_tensors(tensors))
     return _result(op, out, lse)

@@ -60,6 +60,8 @@ class TpaMetadata:
     in_graph: bool = False  # rows/seq_lens are static buffers refilled by init_forward_metadata_in_graph
     # What SGLang's seq_lens lack of the keys (target verify: the drafts, whose keys are written by the same step).
     added_keys: int = 0
+    # The ops' decode_tail hint: a mixed batch lists its extend requests first, then its decodes (-1: not known).
+    decode_tail: int = -1
 
 
 def deterministic_inference(model_runner) -> bool:
@@ -120,7 +122,7 @@ class TpaAttnBackend(AttentionBackend):
             head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
             dtype=model_runner.dtype, cache_dtype=cache_dtype, kv_scale=cache_dtype is not None,
             max_batch=max_batch, max_context=self.max_context_len, max_query=max(1, min(chunk, self.max_context_len)),
-            block_table_rows=True, batch_invariant=self.batch_invariant,
+            block_table_rows=True, batch_invariant=self.batch_invariant, decode_tail=True,
         )  # fmt: skip
         report = warmup(settings, self.device)
         logger.info("tpa warm-up: %d attention variants in %.1f s", report.variants, report.seconds)
@@ -164,6 +166,7 @@ class TpaAttnBackend(AttentionBackend):
             raise NotImplementedError(f"tpa backend: forward mode {mode.name} is not supported (only {_EAGER_MODES})")
         bs = forward_batch.batch_size
         added = _draft_chain(forward_batch) if mode.is_target_verify() else 0
+        decode_tail = -1
         seq_lens = (forward_batch.seq_lens + added if added else forward_batch.seq_lens).to(torch.int32)
         if forward_batch.forward_mode.is_decode_or_idle():
             cu = torch.arange(bs + 1, dtype=torch.int32, device=self.device)
@@ -176,6 +179,8 @@ class TpaAttnBackend(AttentionBackend):
             cu[1:] = torch.cumsum(forward_batch.extend_seq_lens, 0)
             lens_cpu = forward_batch.extend_seq_lens_cpu
             max_q = max(lens_cpu) if lens_cpu is not None and len(lens_cpu) else int(cu.diff().max())
+            if lens_cpu is not None:
+                decode_tail = tpa.decode_tail_of(list(lens_cpu))
         seq_lens_cpu = getattr(forward_batch, "seq_lens_cpu", None)
         # A host bound of the context lengths; without one, the pool's width (always a bound).
         if seq_lens_cpu is not None and len(seq_lens_cpu):
@@ -190,6 +195,7 @@ class TpaAttnBackend(AttentionBackend):
             max_q,
             min(max(1, max_k), self.max_context_len),
             added_keys=added,
+            decode_tail=decode_tail,
         )
 
     # CUDA graphs (decode and chain verify). The captured kernels read static buffers: rows and lengths are copied
@@ -264,8 +270,8 @@ class TpaAttnBackend(AttentionBackend):
             q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
             float(layer.scaling), causal=causal, window_left=int(window), softcap=float(layer.logit_cap or 0.0),
             sinks=sinks.float() if sinks is not None else None, k_scale=k_scale, v_scale=v_scale,
-            block_table_rows=md.rows,
-            batch_invariant=self.batch_invariant, out=o.view(-1, num_q_heads, head_dim_v),
+            block_table_rows=md.rows, batch_invariant=self.batch_invariant, decode_tail=md.decode_tail,
+            out=o.view(-1, num_q_heads, head_dim_v),
         )  # fmt: skip
         return o
 

@@ -244,6 +244,44 @@ def test_unsupported_kv_cache_dtype_is_refused_clearly():
         backend._scales(layer, torch.empty(2, 1, 1, 8, dtype=torch.float8_e5m2))
 
 
+def _mixed_case(name: str, page_size: int, extend_lens: tuple, prefix_lens: tuple):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    return kit.DenseAttentionCase(
+        name=name, backend=BACKEND_NAME, forward_mode=ForwardMode.MIXED, num_heads=8, num_kv_heads=2,
+        page_size=page_size, prefix_lens=prefix_lens, extend_lens=extend_lens,
+    )  # fmt: skip
+
+
+# Mixed batches (chunked prefill beside running decodes): SGLang lists the extend requests first, then the decodes.
+MIXED_CASES = [
+    _mixed_case("mixed_chunk_then_decodes", 1, (37, 1, 1, 1), (20, 9, 33, 1)),
+    _mixed_case("mixed_two_chunks_then_decodes_page_16", 16, (5, 18, 1, 1), (0, 16, 40, 3)),
+    _mixed_case("mixed_one_token_chunk_first", 16, (1, 12, 1), (7, 4, 30)),  # no tail hint (-1)
+]
+
+
+@pytest.mark.parametrize("case", MIXED_CASES, ids=[c.name for c in MIXED_CASES])
+def test_mixed_batch_passes_its_decode_tail(case, monkeypatch):
+    """A MIXED batch matches the kit's reference, and every layer call carries the batch's ``decode_tail`` hint
+    (how many requests at its end decode), from SGLang's host-side extend lengths."""
+    import triton_paged_ops as tpa
+
+    hints = []
+    real = tpa.paged_attention_out
+
+    def spy(*args, **kwargs):
+        hints.append(kwargs.get("decode_tail"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tpa, "paged_attention_out", spy)
+    with torch.no_grad():
+        kit.run_dense_attention_case(_Case(), case, device=DEVICE, dtype=DTYPE)
+    lens = list(case.extend_lens)
+    expect = len(lens) - next(i for i in range(len(lens), 0, -1) if lens[i - 1] != 1) if lens[0] != 1 else -1
+    assert hints and set(hints) == {expect}
+
+
 def _verify_case(name: str, num_heads: int, num_kv_heads: int, page_size: int, prefix_lens: tuple, drafts: int):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 

@@ -78,24 +78,14 @@ def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block_id, num_blocks, BLOCK_Q: tl.constexpr):
-    """The query block that dispatch position ``block_id`` runs when the batch ends in one-token sequences (a mixed
-    batch: prompts' chunks, then decodes): those blocks alternate with the others' (each kept in its own order, the
-    longest first) until one kind runs out, so decode rows stream while the chunks compute instead of all at once
-    at the end. A bijection of [0, num_blocks) whatever the batch holds (other batches keep their order)."""
+def _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, tail_seq, block_id, num_blocks, BLOCK_Q: tl.constexpr):
+    """The query block that dispatch position ``block_id`` runs in a batch that ends in one-token sequences from
+    sequence ``tail_seq`` on (a mixed batch: prompts' chunks, then decodes; the caller's ``decode_tail`` hint):
+    those blocks alternate with the others' (each kept in its own order, the longest first) until one kind runs
+    out, so decode rows stream while the chunks compute instead of all at once at the end. A bijection of
+    [0, num_blocks) whatever ``tail_seq`` and the batch hold (so a wrong hint costs time, never results)."""
     total = tl.load(cu_seqlens_q_ptr + num_seqs)
-    # First sequence of the one-token tail: the smallest b whose suffix holds one token per sequence. A batch whose
-    # last sequence is not one token long has none (lo = num_seqs at once: whole prompts pay one load, no search).
-    lo = 0
-    hi = num_seqs
-    if total - tl.load(cu_seqlens_q_ptr + num_seqs - 1) != 1:
-        lo = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if total - tl.load(cu_seqlens_q_ptr + mid) == num_seqs - mid:
-            hi = mid
-        else:
-            lo = mid + 1
+    lo = tl.minimum(tl.maximum(tail_seq, 0), num_seqs)
     # Blocks of real sequences: [0, used); the tail's: [first, used). (Clamped: a bijection even for bad input.)
     used = tl.minimum(total // BLOCK_Q + num_seqs, num_blocks)
     first = tl.minimum(tl.load(cu_seqlens_q_ptr + lo) // BLOCK_Q + lo, used)
@@ -575,9 +565,9 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     online softmax skips the accumulator's multiply in tiles where no row's max moved (``acc_rescale``: 1 skips,
     2 multiplies every tile), and how a mixed launch's one-token rows cut a KV tile (``small_chunks``: 1 one tile
     shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
-    launch whose batch ends in one-token sequences (``mixed_order``: 1 the batch's order, 2 their blocks alternating
-    with the others'), and how taller tiles load page ids where pages of 16+ keys divide the tile (``page_ids``: 1 one
-    per key, 2 one per page).
+    launch whose caller says its batch ends in one-token sequences (``decode_tail`` > 0; ``mixed_order``: 1 the
+    batch's order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of
+    16+ keys divide the tile (``page_ids``: 1 one per key, 2 one per page).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -691,10 +681,11 @@ def select_attention_config(
     # its own online softmax, merged at the end (2 barriers per tile, pipelined). H200: the mixed batch 730 -> 705
     # µs, and whole prompts ~2% faster (the tall tiles' register allocation changes with it; NOTES v30).
     cfg.setdefault("small_chunks", 2)
-    # Launches with one-token rows: query blocks in the batch's order (1), or a one-token tail's blocks alternating
-    # with the others' (2). H200: the mixed batch -2%, but launches of several prompts +0.5-2.5% (the block map sits
-    # before the sequence search in every program's prologue), so off (NOTES v31).
-    cfg.setdefault("mixed_order", 1)
+    # Launches whose caller says the batch ends in one-token sequences (``decode_tail`` > 0): query blocks in the
+    # batch's order (1), or the tail's blocks alternating with the others' (2). H200: the mixed batch -2% (NOTES
+    # v31, v32). Without the hint every launch keeps the batch's order: finding the tail in the kernel cost
+    # launches of several prompts 0.5-2.5%.
+    cfg.setdefault("mixed_order", 2)
     # Taller tiles over pages of 16+ keys that divide the tile: one page-id load per key (1) or per page (2). H200,
     # page 16: prefill 1x8k / 4x2k -2%, D256 -10%, short queries -3%, but D64 +4% (its loop grows: sm_90 SASS per
     # tile 945 -> 1025 instructions where D128's falls 760 -> 735; NOTES v31).
@@ -1053,7 +1044,7 @@ def _merge_segments(
 # or a serving loop would compile new variants as batches change. They only feed scalar address arithmetic.
 # (segment_len stays specialised: it is 0 or a multiple of BLOCK_N, always "divisible by 16", and that lets the
 # compiler keep KV tiles aligned; num_splits is 1 exactly when SPLIT_KV is off, where the kernel ignores it.)
-_PER_BATCH_ARGS = ("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "num_pages", "window_left",
+_PER_BATCH_ARGS = ("num_seqs", "tail_seq", "num_tokens", "max_pages", "num_bt_rows", "num_pages", "window_left",
                    "stride_o_split", "stride_lse_split", "stride_bt_b", "num_splits")  # fmt: skip
 
 
@@ -1079,6 +1070,7 @@ def _paged_attention_kernel(
     softcap,
     window_left,
     num_seqs,
+    tail_seq,
     num_tokens,
     max_pages,
     num_bt_rows,
@@ -1181,7 +1173,9 @@ def _paged_attention_kernel(
         block_id = linear // tl.num_programs(1)
         kv_head = linear % tl.num_programs(1)
         if MIXED_ORDER == 2:
-            block_id = _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, block_id, tl.num_programs(0), BLOCK_Q)
+            block_id = _interleave_one_token_rows(
+                cu_seqlens_q_ptr, num_seqs, tail_seq, block_id, tl.num_programs(0), BLOCK_Q
+            )
 
     if ONE_BLOCK_PER_SEQ:
         # Every sequence fits one query block (decode): block b is sequence b, no search needed.
@@ -1365,16 +1359,18 @@ def attention_launch_plan(
     batch_invariant: bool = False,
     kv_desc_layout: bool = True,
     narrow_offsets: bool = True,
+    decode_tail: bool = False,
 ) -> LaunchPlan:
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
     warm-up to enumerate the variants a serving configuration can reach. ``kv_desc_layout``: whether the caches'
     layout admits tensor descriptors (``kv_desc_layout_ok``; the usual contiguous caches do); ``narrow_offsets``:
-    whether every element of the caches lies below 2^31 (``narrow_offsets_ok``)."""
+    whether every element of the caches lies below 2^31 (``narrow_offsets_ok``); ``decode_tail``: whether the
+    caller says the batch ends in one-token sequences (a ``decode_tail`` hint > 0)."""
     return _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
         cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
         has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
-        narrow_offsets,
+        narrow_offsets, decode_tail,
     )  # fmt: skip
 
 
@@ -1384,7 +1380,7 @@ def attention_launch_plan(
 def _cached_launch_plan(
     override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, cache_dtype, num_seqs,
     max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
-    has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout, narrow_offsets,
+    has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout, narrow_offsets, decode_tail,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
@@ -1465,9 +1461,10 @@ def _cached_launch_plan(
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
-        # (A one-token tail beside other work needs two sequences at least.)
-        MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and cfg["SMALL_M"] > 0 and not one_block and split.num_splits == 1
-                          and num_seqs > 1) else 1,
+        # Only where the caller says the batch ends in one-token sequences (the map reads where they start from
+        # the hint; a tail beside other work needs two sequences at least).
+        MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and decode_tail and cfg["SMALL_M"] > 0 and not one_block
+                          and split.num_splits == 1 and num_seqs > 1) else 1,
         PAGE_IDS=cfg["page_ids"],
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -1678,11 +1675,13 @@ def prepare_attention_launch(
     batch_invariant: bool = False,
     kv_desc_layout: bool | None = None,
     narrow_offsets: bool | None = None,
+    decode_tail: int = -1,
 ) -> PreparedLaunch | None:
     """Plan one launch over validated arguments from their metadata alone (None: nothing to compute). ``present``:
     whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given;
     ``kv_desc_layout``: whether the caches admit tensor descriptors (None: ``kv_desc_layout_ok``);
-    ``narrow_offsets``: whether their elements lie below 2^31 (None: ``narrow_offsets_ok``)."""
+    ``narrow_offsets``: whether their elements lie below 2^31 (None: ``narrow_offsets_ok``); ``decode_tail``: the
+    caller's hint (see ``ops.paged_attention``)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]
@@ -1693,7 +1692,7 @@ def prepare_attention_launch(
         k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
         None if interpret else q.device.index, interpret, batch_invariant,
         kv_desc_layout_ok(k_cache, v_cache) if kv_desc_layout is None else kv_desc_layout,
-        narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets,
+        narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets, decode_tail > 0,
     )  # fmt: skip
     plan = lp.split
     splits = plan.num_splits
@@ -1717,7 +1716,8 @@ def prepare_attention_launch(
     merge_counts = num_blocks * num_kv_heads if lp.constexprs["MERGE_IN_KERNEL"] else 0
     final_strides = (*out.stride()[:2], *(lse.stride() if lse is not None else (0, 0))) if merge_counts else (0,) * 4
     tail = (
-        float(scale), float(softcap), window_left, num_seqs, num_tokens, *reversed(block_table.shape), num_pages,
+        float(scale), float(softcap), window_left, num_seqs, num_seqs - max(decode_tail, 0), num_tokens,
+        *reversed(block_table.shape), num_pages,
         *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
         block_table.stride(0), plan.segment_len, splits, *final_strides,
     )  # fmt: skip
@@ -1727,7 +1727,8 @@ def prepare_attention_launch(
         # A later call with the same metadata may bring caches at an address a descriptor cannot take.
         prepared.gathers = prepare_attention_launch(q, k_cache, v_cache, block_table, num_seqs, max_seqlen_q,
                                                     max_seqlen_k, scale, causal, window_left, softcap, present, out,
-                                                    lse, interpret, batch_invariant, False)  # fmt: skip
+                                                    lse, interpret, batch_invariant, False, narrow_offsets,
+                                                    decode_tail)  # fmt: skip
     return prepared
 
 
@@ -1835,6 +1836,7 @@ def _launch_paged_attention(
     interpret: bool,
     batch_invariant: bool = False,
     wrap=None,
+    decode_tail: int = -1,
 ) -> PreparedLaunch | None:
     """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
     Returns the prepared launch (None: nothing to compute), which ``run_attention_launch`` can repeat.
@@ -1846,6 +1848,7 @@ def _launch_paged_attention(
     p = prepare_attention_launch(
         q, k_cache, v_cache, block_table, seq_lens.shape[0], max_seqlen_q, max_seqlen_k, scale, causal, window_left,
         softcap, tuple(t is not None for t in optional), out, lse, interpret, batch_invariant,
+        decode_tail=decode_tail,
     )  # fmt: skip
     if p is not None:
         run_attention_launch(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out, lse, wrap)
