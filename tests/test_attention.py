@@ -307,7 +307,6 @@ def _launch_plan(p, batch_invariant: bool = False, decode_tail: bool = False):
         has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
         device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
         batch_invariant=batch_invariant, decode_tail=decode_tail,
-        shared_rows=attention.shared_rows_ok(p.k_cache, p.v_cache),
     )  # fmt: skip
 
 
@@ -537,32 +536,6 @@ def test_wide_and_narrow_offsets_give_the_same_bits(guard):
     p = build(spec, DEVICE)
     cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2, page_guard=guard)
     _assert_same_bits_under(p, [dict(cfg, kv_offsets=1), dict(cfg, kv_offsets=2)])
-
-
-@pytest.mark.parametrize("strided", [False, True])
-def test_shared_kv_row_offsets_give_the_same_bits(strided):
-    """Where K and V have equal page, slot and head strides (two caches of one shape, or views of one buffer at
-    different bases) one 32-bit row offset addresses both (``kv_rows`` 2): the same bits as one offset each, on
-    split decode rows, one-token rows beside prefill chunks, and chunks. With D != Dv two caches' strides differ
-    (one offset each), while views of one buffer padded to the wider head keep equal strides."""
-    spec = Spec(q_lens=[1, 30, 1], kv_lens=[200, 90, 33], pad_tokens=1, page_size=16, num_kv_heads=2, group=2,
-                head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
-                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=strided, spare_pages=3,
-                extra_cols=1, tiles=(32, 16), seed=5)  # fmt: skip
-    p = build(spec, DEVICE)
-    assert attention.shared_rows_ok(p.k_cache, p.v_cache)
-    for mode in (1, 2):
-        with attention_config_override(kv_rows=mode):
-            assert _launch_plan(p).constexprs["NARROW_OFFSETS"] == mode
-    cfg = dict(BLOCK_M=32, BLOCK_N=16)
-    _assert_same_bits_under(p, [dict(cfg, kv_rows=1), dict(cfg, kv_rows=2)])
-    _assert_same_bits_under(p, [dict(cfg, kv_rows=1, num_splits=2), dict(cfg, kv_rows=2, num_splits=2)])
-    wide_v = build(dataclasses.replace(spec, head_dim_v=16), DEVICE)
-    shared = attention.shared_rows_ok(wide_v.k_cache, wide_v.v_cache)
-    assert shared == strided
-    with attention_config_override(kv_rows=2):
-        assert _launch_plan(wide_v).constexprs["NARROW_OFFSETS"] == (2 if shared else 1)
-        _assert_close_under(wide_v, [cfg])
 
 
 def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True) -> None:

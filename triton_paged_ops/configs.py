@@ -65,17 +65,16 @@ GUARD_KEYS = ("page_guard",)
 # How tall tiles read K/V when one page holds whole KV tiles: 1 per-row gathers through the block table (default),
 # 2 one tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).
 # The width of the gathers' K/V offsets: 1 64-bit always, 2 32-bit where every element of both caches lies below
-# 2^31 (default). With 32-bit offsets: 1 K and V rows addressed apart, 2 one offset for both where the caches'
-# page, slot and head strides are equal (default).
+# 2^31 (default).
 # Taller tiles' unmasked loop: 1 each tile scored and reduced in turn (default), 2 the next tile scored before the
 # current one's softmax (tensor-core work in flight during it).
 # Online softmax: 1 the accumulator multiply skipped in tiles where no row's max moved (a CTA-wide test and branch),
 # 2 done every tile.
 # Page ids of taller tiles over pages of 16+ keys that divide the tile: 1 one load per key, 2 one per page.
-LOAD_KEYS = ("kv_loads", "kv_offsets", "kv_rows", "qk_ahead", "acc_rescale", "page_ids")
+LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids")
 # Keys that choose between two forms (1 or 2).
-SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "kv_rows", "qk_ahead", "acc_rescale", "small_chunks",
-               "mixed_order", "page_ids")  # fmt: skip
+SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_chunks", "mixed_order",
+               "page_ids")  # fmt: skip
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 

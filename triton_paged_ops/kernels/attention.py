@@ -175,18 +175,12 @@ def _attend_tile(
 @triton.jit
 def _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
              stride_v_head, NARROW_OFFSETS: tl.constexpr):  # fmt: skip
-    """Element offsets of the K and V rows of keys at ``slot`` of ``page`` (broadcast together), KV head ``kv_head``.
-    ``NARROW_OFFSETS``: 0 64-bit, 1 32-bit, 2 32-bit and one offset for both (the caches' page, slot and head strides
-    are equal, as for two caches of one shape: the host checks)."""
+    """Element offsets of the K and V rows of keys at ``slot`` of ``page`` (broadcast together), KV head ``kv_head``."""
     if NARROW_OFFSETS:
         # Every element of the caches lies below 2^31 (the host checks), and so does any clamped or in-range
         # page's offset: 32-bit arithmetic, about 9% fewer instructions per page-16 prefill tile than 64-bit.
         k_row = page * stride_k_page + (slot * stride_k_slot + kv_head * stride_k_head)
-        if NARROW_OFFSETS == 2:
-            # (Fewer live registers: sm_90 SASS per tile 445 -> 419 for short queries, 735 -> 723 for prefill.)
-            v_row = k_row
-        else:
-            v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
+        v_row = page * stride_v_page + (slot * stride_v_slot + kv_head * stride_v_head)
     else:
         # int64: page * stride overflows int32 for caches past 2 G elements.
         k_row = page.to(tl.int64) * stride_k_page + (slot.to(tl.int64) * stride_k_slot + kv_head * stride_k_head)
@@ -676,8 +670,6 @@ def select_attention_config(
     cfg.setdefault("kv_loads", 1)
     # 32-bit K/V offsets where the caches allow them (2): ~9% fewer instructions per page-16 prefill tile (NOTES v22).
     cfg.setdefault("kv_offsets", 2)
-    # One 32-bit row offset for K and V where their strides match (2), or one each (1).
-    cfg.setdefault("kv_rows", 2)
     # Taller tiles' unmasked loop scores the next tile before the current one's softmax (2; off until measured).
     cfg.setdefault("qk_ahead", 1)
     # Online softmax: the accumulator's multiply skipped where no row's running max moved (1: a CTA-wide test and a
@@ -1368,19 +1360,17 @@ def attention_launch_plan(
     kv_desc_layout: bool = True,
     narrow_offsets: bool = True,
     decode_tail: bool = False,
-    shared_rows: bool | None = None,
 ) -> LaunchPlan:
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
     warm-up to enumerate the variants a serving configuration can reach. ``kv_desc_layout``: whether the caches'
     layout admits tensor descriptors (``kv_desc_layout_ok``; the usual contiguous caches do); ``narrow_offsets``:
     whether every element of the caches lies below 2^31 (``narrow_offsets_ok``); ``decode_tail``: whether the
-    caller says the batch ends in one-token sequences (a ``decode_tail`` hint > 0); ``shared_rows``: whether K and
-    V rows share their offsets (``shared_rows_ok``; None: as two contiguous caches have them, where D == Dv)."""
+    caller says the batch ends in one-token sequences (a ``decode_tail`` hint > 0)."""
     return _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
         cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
         has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
-        narrow_offsets, decode_tail, head_dim == head_dim_v if shared_rows is None else shared_rows,
+        narrow_offsets, decode_tail,
     )  # fmt: skip
 
 
@@ -1391,7 +1381,6 @@ def _cached_launch_plan(
     override: tuple, num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype, cache_dtype, num_seqs,
     max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks, has_k_scale, has_v_scale,
     has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout, narrow_offsets, decode_tail,
-    shared_rows,
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
@@ -1467,8 +1456,7 @@ def _cached_launch_plan(
         # fp32 inputs get true fp32 products: the default TF32 would silently cost ~3 decimal digits.
         DOT_PRECISION="ieee" if dtype == torch.float32 else None, ACC_RESCALE=cfg["acc_rescale"],
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
-        NARROW_OFFSETS=(0 if not narrow_offsets or cfg["kv_offsets"] != 2
-                        else 2 if shared_rows and cfg["kv_rows"] == 2 else 1),
+        NARROW_OFFSETS=narrow_offsets and cfg["kv_offsets"] == 2,
         QK_AHEAD=cfg["qk_ahead"] == 2 and block_q > 1 and not batch_invariant,
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
@@ -1535,12 +1523,6 @@ def narrow_offsets_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether every element of both caches lies below 2^31 elements from its base (checked strides are
     non-negative), so that in-range K/V offsets fit 32 bits."""
     return all(sum((n - 1) * st for n, st in zip(c.shape, c.stride())) < 1 << 31 for c in (k_cache, v_cache))
-
-
-def shared_rows_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether a key's K and V rows lie at the same element offset from their caches' bases (equal page, slot and
-    head strides), so one offset serves both loads."""
-    return k_cache.stride()[:3] == v_cache.stride()[:3]
 
 
 def kv_desc_layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -1694,14 +1676,12 @@ def prepare_attention_launch(
     kv_desc_layout: bool | None = None,
     narrow_offsets: bool | None = None,
     decode_tail: int = -1,
-    shared_rows: bool | None = None,
 ) -> PreparedLaunch | None:
     """Plan one launch over validated arguments from their metadata alone (None: nothing to compute). ``present``:
     whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given;
     ``kv_desc_layout``: whether the caches admit tensor descriptors (None: ``kv_desc_layout_ok``);
     ``narrow_offsets``: whether their elements lie below 2^31 (None: ``narrow_offsets_ok``); ``decode_tail``: the
-    caller's hint (see ``ops.paged_attention``); ``shared_rows``: whether K and V rows share offsets (None:
-    ``shared_rows_ok``)."""
+    caller's hint (see ``ops.paged_attention``)."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_pages, page_size, num_kv_heads, _ = k_cache.shape
     head_dim_v = v_cache.shape[-1]
@@ -1713,7 +1693,6 @@ def prepare_attention_launch(
         None if interpret else q.device.index, interpret, batch_invariant,
         kv_desc_layout_ok(k_cache, v_cache) if kv_desc_layout is None else kv_desc_layout,
         narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets, decode_tail > 0,
-        shared_rows_ok(k_cache, v_cache) if shared_rows is None else shared_rows,
     )  # fmt: skip
     plan = lp.split
     splits = plan.num_splits
