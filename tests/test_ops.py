@@ -42,6 +42,16 @@ def test_opcheck_attention_ops(s):
     torch.library.opcheck(torch.ops.tpa.paged_attention_out.default, p.args, {**kw, "out": out})
 
 
+def test_opcheck_with_a_decode_tail_hint():
+    """The layout hint as a mixed batch's caller passes it (chunks, then two decodes)."""
+    p = build(spec(q_lens=[5, 2, 1, 1], kv_lens=[20, 9, 4, 30], use_sinks=True), DEVICE)
+    kw = {**p.kwargs, "decode_tail": tpa.decode_tail_of(p.spec.q_lens)}
+    assert kw["decode_tail"] == 2
+    torch.library.opcheck(torch.ops.tpa.paged_attention.default, p.args, kw)
+    out = torch.empty(p.q.shape[0], p.q.shape[1], p.spec.head_dim_v, dtype=p.q.dtype, device=DEVICE)
+    torch.library.opcheck(torch.ops.tpa.paged_attention_out.default, p.args, {**kw, "out": out})
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_opcheck_cache_and_merge(dtype):
     key = torch.randn(5, 2, 64, device=DEVICE, dtype=dtype)
@@ -159,7 +169,8 @@ def test_compiled_typed_wrapper_keeps_the_op_in_the_graph():
 
 
 def test_torch_compile_fullgraph_no_recompile_across_token_counts():
-    """Write new tokens into the cache and attend, compiled with fullgraph=True and a dynamic token count."""
+    """Write new tokens into the cache and attend, compiled with fullgraph=True and a dynamic token count; the
+    batch's ``decode_tail`` hint (2 when both sequences decode, else 1) changes with it."""
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
@@ -168,9 +179,10 @@ def test_torch_compile_fullgraph_no_recompile_across_token_counts():
     k_cache = torch.zeros(num_pages, page_size, hkv, d, device=DEVICE)
     v_cache = torch.zeros_like(k_cache)
 
-    def step(q, k, v, k_cache, v_cache, slots, block_table, cu, seq_lens, max_q: int, max_k: int):
+    def step(q, k, v, k_cache, v_cache, slots, block_table, cu, seq_lens, max_q: int, max_k: int, tail: int):
         torch.ops.tpa.reshape_and_cache(k, v, k_cache, v_cache, slots)
-        out = torch.ops.tpa.paged_attention(q, k_cache, v_cache, block_table, cu, seq_lens, max_q, max_k, 0.125)
+        out = torch.ops.tpa.paged_attention(q, k_cache, v_cache, block_table, cu, seq_lens, max_q, max_k, 0.125,
+                                            decode_tail=tail)  # fmt: skip
         return out.sum(-1) * 2.0
 
     compiled = torch.compile(step, fullgraph=True, dynamic=True)
@@ -186,8 +198,9 @@ def test_torch_compile_fullgraph_no_recompile_across_token_counts():
         cu = torch.tensor([0, n, n + 1], dtype=torch.int32, device=DEVICE)
         seq_lens = torch.tensor([n, 6], dtype=torch.int32, device=DEVICE)
         kc_e, vc_e = k_cache.clone(), v_cache.clone()
-        got = compiled(q, k, v, k_cache, v_cache, slots, block_table, cu, seq_lens, n, 6)
-        want = step(q, k, v, kc_e, vc_e, slots, block_table, cu, seq_lens, n, 6)
+        tail = tpa.decode_tail_of([n, 1])
+        got = compiled(q, k, v, k_cache, v_cache, slots, block_table, cu, seq_lens, n, 6, tail)
+        want = step(q, k, v, kc_e, vc_e, slots, block_table, cu, seq_lens, n, 6, tail)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert torch.equal(k_cache, kc_e) and torch.equal(v_cache, vc_e)
     assert counters["graph_break"] == {} or sum(counters["graph_break"].values()) == 0
