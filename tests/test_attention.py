@@ -641,11 +641,16 @@ def test_one_token_rows_keep_the_shared_tile_where_runs_do_not_apply(what):
 
 
 @triton.jit
-def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, num_seqs, tail_seq, BLOCK_Q: tl.constexpr):
+def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, seq_ptr, num_seqs, tail_seq, BLOCK_Q: tl.constexpr):
     block = tl.program_id(0)
-    mapped = attention._interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, tail_seq, block, tl.num_programs(0),
-                                                  BLOCK_Q)  # fmt: skip
+    tail, first, used = attention._one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, tl.num_programs(0), BLOCK_Q)
+    mapped = attention._interleave_one_token_rows(block, first, used)
     tl.store(out_ptr + block, mapped)
+    # Each block's sequence, found with the hint's shortcuts and by the plain search.
+    tl.store(
+        seq_ptr + 2 * block, attention._find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block, tail, first, BLOCK_Q)
+    )
+    tl.store(seq_ptr + 2 * block + 1, attention._find_seq(cu_seqlens_q_ptr, num_seqs, block, BLOCK_Q))
 
 
 @pytest.mark.parametrize("q_lens,pad", [
@@ -655,12 +660,14 @@ def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, num_seqs, tail_seq, BLOCK_
     ([1, 1, 1], 0),  # decodes only
     ([300, 64], 2),  # no one-token tail
     ([0, 5, 0, 1], 0),  # empty sequences
+    ([33, 7] + [1] * 40, 3),  # a tail crossing several query blocks (its sequences' blocks shift by one there)
+    ([1] * 50, 0),  # decodes only, over several blocks
 ])  # fmt: skip
 def test_interleaved_dispatch_order_is_a_permutation(q_lens, pad):
     """``mixed_order`` 2's map from dispatch position to query block is a permutation of the launch's blocks for
     any tail start it is given (a wrong ``decode_tail`` hint included); with the batch's own one-token tail it
     alternates the others' blocks (in order, from block 0) with the tail's (in order, from the tail's first) while
-    both last."""
+    both last. The hinted sequence search gives every block the plain search's sequence, whatever the hint."""
     block_q = 16
     cu = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32, device=DEVICE)
     num_blocks = (int(cu[-1]) + pad) // block_q + len(q_lens)  # the launcher's grid
@@ -669,9 +676,11 @@ def test_interleaved_dispatch_order_is_a_permutation(q_lens, pad):
         tail -= 1
     for tail_seq in sorted({tail, 0, len(q_lens), len(q_lens) // 2, -3, len(q_lens) + 4}):
         out = torch.full((num_blocks,), -1, dtype=torch.int32, device=DEVICE)
-        _dispatch_order_kernel[(num_blocks,)](cu, out, len(q_lens), tail_seq, BLOCK_Q=block_q)
+        seqs = torch.full((num_blocks, 2), -1, dtype=torch.int32, device=DEVICE)
+        _dispatch_order_kernel[(num_blocks,)](cu, out, seqs, len(q_lens), tail_seq, BLOCK_Q=block_q)
         mapped = out.tolist()
         assert sorted(mapped) == list(range(num_blocks)), tail_seq
+        assert torch.equal(seqs[:, 0], seqs[:, 1]), (tail_seq, seqs.tolist())
         if tail_seq == tail:
             first = int(cu[tail]) // block_q + tail  # the tail's first block (the natural numbering)
             used = int(cu[-1]) // block_q + len(q_lens)

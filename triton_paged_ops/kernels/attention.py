@@ -65,8 +65,13 @@ RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)  # base-2 headroom of the lazy r
 @triton.jit
 def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
     """Largest b < num_seqs with cu_seqlens_q[b] // BLOCK_Q + b <= block_id (binary search over B + 1 entries)."""
-    lo = 0
-    hi = num_seqs - 1
+    # (lo as a run-time int: a constant would be a constexpr argument, which the search loop may not reassign)
+    return _find_seq_between(cu_seqlens_q_ptr, num_seqs * 0, num_seqs - 1, block_id, BLOCK_Q)
+
+
+@triton.jit
+def _find_seq_between(cu_seqlens_q_ptr, lo, hi, block_id, BLOCK_Q: tl.constexpr):
+    """``_find_seq`` where the answer is known to lie in [lo, hi] (lo if none there qualifies)."""
     while lo < hi:
         mid = (lo + hi + 1) // 2
         start = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
@@ -78,17 +83,24 @@ def _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, tail_seq, block_id, num_blocks, BLOCK_Q: tl.constexpr):
-    """The query block that dispatch position ``block_id`` runs in a batch that ends in one-token sequences from
-    sequence ``tail_seq`` on (a mixed batch: prompts' chunks, then decodes; the caller's ``decode_tail`` hint):
-    those blocks alternate with the others' (each kept in its own order, the longest first) until one kind runs
-    out, so decode rows stream while the chunks compute instead of all at once at the end. A bijection of
-    [0, num_blocks) whatever ``tail_seq`` and the batch hold (so a wrong hint costs time, never results)."""
+def _one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, num_blocks, BLOCK_Q: tl.constexpr):
+    """Where a batch said to end in one-token sequences from sequence ``tail_seq`` on (the caller's ``decode_tail``
+    hint) has them: (that sequence, clamped to [0, B]; its first query block; the blocks real sequences use)."""
     total = tl.load(cu_seqlens_q_ptr + num_seqs)
     lo = tl.minimum(tl.maximum(tail_seq, 0), num_seqs)
     # Blocks of real sequences: [0, used); the tail's: [first, used). (Clamped: a bijection even for bad input.)
     used = tl.minimum(total // BLOCK_Q + num_seqs, num_blocks)
     first = tl.minimum(tl.load(cu_seqlens_q_ptr + lo) // BLOCK_Q + lo, used)
+    return lo, first, used
+
+
+@triton.jit
+def _interleave_one_token_rows(block_id, first, used):
+    """The query block that dispatch position ``block_id`` runs in a batch that ends in one-token sequences from
+    block ``first`` on (a mixed batch: prompts' chunks, then decodes; see ``_one_token_tail``): those blocks
+    alternate with the others' (each kept in its own order, the longest first) until one kind runs out, so decode
+    rows stream while the chunks compute instead of all at once at the end. A bijection of the grid whatever
+    ``first`` and the batch hold (so a wrong hint costs time, never results)."""
     pairs = tl.minimum(first, used - first)
     if block_id < 2 * pairs:
         mapped = tl.where(block_id % 2 == 0, block_id // 2, first + block_id // 2)
@@ -97,6 +109,31 @@ def _interleave_one_token_rows(cu_seqlens_q_ptr, num_seqs, tail_seq, block_id, n
     else:
         mapped = block_id
     return mapped
+
+
+@triton.jit
+def _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, first, BLOCK_Q: tl.constexpr):
+    """``_find_seq``'s answer where sequence ``tail`` starts at block ``first`` and the sequences from it on are said
+    to hold one token each: blocks before ``first`` search the sequences before ``tail`` only (for one prompt: no
+    load at all), a tail block computes its sequence as if the hint held and checks it against the two offsets it
+    loads anyway, searching the tail's sequences only where it does not hold. The same answer whatever the hint."""
+    if block_id < first:
+        seq = _find_seq_between(cu_seqlens_q_ptr, tail * 0, tail - 1, block_id, BLOCK_Q)
+    else:
+        lo = tl.minimum(tail, num_seqs - 1)
+        c0 = tl.load(cu_seqlens_q_ptr + lo)
+        # Sequence lo + i of a one-token tail starts at block (c0 + i) // BLOCK_Q + lo + i: the largest x = c0 + i
+        # with x + x // BLOCK_Q <= block_id - lo + c0.
+        r = block_id - lo + c0
+        x = r - r // (BLOCK_Q + 1) - (r % (BLOCK_Q + 1) == BLOCK_Q).to(tl.int32)
+        guess = tl.minimum(tl.maximum(x - c0 + lo, lo), num_seqs - 1)
+        starts_by = tl.load(cu_seqlens_q_ptr + guess) // BLOCK_Q + guess <= block_id
+        next_after = tl.load(cu_seqlens_q_ptr + guess + 1) // BLOCK_Q + guess + 1 > block_id
+        if starts_by & (next_after | (guess == num_seqs - 1)):
+            seq = guess
+        else:
+            seq = _find_seq_between(cu_seqlens_q_ptr, lo, num_seqs - 1, block_id, BLOCK_Q)
+    return seq
 
 
 @triton.jit
@@ -1146,6 +1183,8 @@ def _paged_attention_kernel(
     block_id = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = 0
+    tail = 0
+    tail_first = 0
     if ONE_BLOCK_PER_SEQ and DECODE_ORDER > 1:
         # KV heads fastest in dispatch order (x, then y): a page's heads are read at about the same time.
         linear = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
@@ -1173,14 +1212,15 @@ def _paged_attention_kernel(
         block_id = linear // tl.num_programs(1)
         kv_head = linear % tl.num_programs(1)
         if MIXED_ORDER == 2:
-            block_id = _interleave_one_token_rows(
-                cu_seqlens_q_ptr, num_seqs, tail_seq, block_id, tl.num_programs(0), BLOCK_Q
-            )
+            tail, tail_first, used = _one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, tl.num_programs(0), BLOCK_Q)
+            block_id = _interleave_one_token_rows(block_id, tail_first, used)
 
     if ONE_BLOCK_PER_SEQ:
         # Every sequence fits one query block (decode): block b is sequence b, no search needed.
         seq = block_id
         q_block = 0
+    elif MIXED_ORDER == 2:
+        seq = _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, tail_first, BLOCK_Q)
     else:
         seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
