@@ -719,9 +719,9 @@ def select_attention_config(
     # µs, and whole prompts ~2% faster (the tall tiles' register allocation changes with it; NOTES v30).
     cfg.setdefault("small_chunks", 2)
     # Launches whose caller says the batch ends in one-token sequences (``decode_tail`` > 0): query blocks in the
-    # batch's order (1), or the tail's blocks alternating with the others' (2). H200: the mixed batch -2% (NOTES
-    # v31, v32). Without the hint every launch keeps the batch's order: finding the tail in the kernel cost
-    # launches of several prompts 0.5-2.5%.
+    # batch's order (1), or the tail's blocks alternating with the others', each program finding its sequence
+    # from the hint without a search (2). H200: the mixed batch -3.2% (NOTES v32). Without the hint every launch
+    # keeps the batch's order: finding the tail in the kernel cost launches of several prompts 0.5-2.5% (v31).
     cfg.setdefault("mixed_order", 2)
     # Taller tiles over pages of 16+ keys that divide the tile: one page-id load per key (1) or per page (2). H200,
     # page 16: prefill 1x8k / 4x2k -2%, D256 -10%, short queries -3%, but D64 +4% (its loop grows: sm_90 SASS per
