@@ -72,7 +72,8 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
                 "final_lse_ptr": f32}  # fmt: skip
     index_ptrs = ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")
     pointers |= {p: torch.int32 for p in index_ptrs}
-    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits} block_copies={lp.constexprs['KV_DESC']}"}
+    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits} block_copies={lp.constexprs['KV_DESC']}",
+           "ids_ahead": lp.constexprs["IDS_AHEAD"]}  # fmt: skip
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
     if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
@@ -93,6 +94,8 @@ def pose_as(gpu: str, capability: str, triton_version: str, num_sms: int = 132) 
     configs.device_identity = lambda device_index: (gpu, capability)
     configs.triton_version = lambda: triton_version
     plan._num_sms = lambda device_index: num_sms
+    # (What sm_90 lets one program opt into; launch options gated on their buffers fitting read it.)
+    attention.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
     # An sm_90 device: the reduce is a dependent launch (the attention kernel signals it, the reduce waits).
     attention.dependent_launch_supported = lambda device_index: device_index is not None
     configs.reload()
@@ -153,7 +156,6 @@ def main() -> int:
     # descriptors on an sm_90 device (TMA; the H200 identity that shipped_table_variants set stays) where the copies'
     # buffers fit its shared memory (D256 prefill tiles gather).
     attention.tensor_descriptors_supported = lambda device_index, interpret: True
-    attention.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
     copies = {
         "short page 64 block copies": dict(max_q=8, max_k=4096, window=1000),
         "prefill page 64 block copies": dict(max_q=512, lse=True, sinks=True),
@@ -178,6 +180,12 @@ def main() -> int:
     with attention.attention_config_override(mixed_order=2):
         results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0,
                                          decode_tail=True))  # fmt: skip
+    # Taller tiles' page ids a tile ahead (``ids_ahead`` 2): where the third K/V stage fits (D128, a mixed launch
+    # with its one-token rows, page 1), and D256, where it would not (the launch keeps them in the iteration).
+    with attention.attention_config_override(ids_ahead=2):
+        results.append(attention_variant("prefill page ids ahead", max_q=512, device_index=0, sinks=True))
+        results.append(attention_variant("prefill page ids ahead page 1", max_q=512, device_index=0, page_size=1))
+        results.append(attention_variant("prefill page ids ahead D256", head_dim=256, max_q=512, device_index=0))
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))

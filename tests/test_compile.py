@@ -43,6 +43,11 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     assert all("block_copies=True" in r["plan"] for r in results if "block copies" in r["name"])
     assert "block_copies=False" in next(r["plan"] for r in results if r["name"] == "prefill D256 page 64 gathers")
     assert "'qk_ahead': 2" in next(r["plan"] for r in results if r["name"] == "prefill scores ahead")
+    # Page ids a tile ahead where their third K/V stage fits, not at D256 (nor by default).
+    ahead = {r["name"]: r["ids_ahead"] for r in results if r["name"].startswith("prefill page ids ahead")}
+    assert ahead == {"prefill page ids ahead": True, "prefill page ids ahead page 1": True,
+                     "prefill page ids ahead D256": False}, ahead  # fmt: skip
+    assert not any(r.get("ids_ahead") for r in results if "page ids ahead" not in r["name"])
     # The batch-invariant split comes with its sequential reduce, by segment and by leaf (which folds leaves first).
     assert any(r["name"].startswith("invariant decode") and "reduce_shared" in r for r in results)
     leaves = next(r for r in results if r["name"] == "invariant decode leaves")

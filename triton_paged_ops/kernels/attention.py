@@ -481,9 +481,10 @@ def _attend_tiles(
                     s, key_valid, v_loc = s_next, key_valid_next, v_loc_next
             else:
                 for start_n in tl.range(start, stop, BLOCK_N):
-                    if (one_token and PAGES_AHEAD) or (use_desc and phase == 1):
+                    if (one_token and PAGES_AHEAD) or (phase == 1 and (use_desc or PAGES_AHEAD == 3)):
                         # (Block copies: a copy whose coordinates come from a load of the same iteration is not
-                        # pipelined; with the id a tile ahead the copies get the launch's stages.)
+                        # pipelined; with the id a tile ahead the copies get the launch's stages. Gathers of taller
+                        # tiles with PAGES_AHEAD 3 (``ids_ahead`` 2): the ids' copies then take no pipeline stage.)
                         tile_page = page
                         page = _tile_pages(bt_row_ptr, start_n + BLOCK_N, kv_len, PAGE_SIZE, BLOCK_N, per_page)
                     else:
@@ -604,7 +605,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
     launch whose caller says its batch ends in one-token sequences (``decode_tail`` > 0; ``mixed_order``: 1 the
     batch's order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of
-    16+ keys divide the tile (``page_ids``: 1 one per key, 2 one per page).
+    16+ keys divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers
+    load a tile's page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -727,6 +729,11 @@ def select_attention_config(
     # page 16: prefill 1x8k / 4x2k -2%, D256 -10%, short queries -3%, but D64 +4% (its loop grows: sm_90 SASS per
     # tile 945 -> 1025 instructions where D128's falls 760 -> 735; NOTES v31).
     cfg.setdefault("page_ids", 2 if head_dim_pad >= 128 else 1)
+    # Taller tiles' unmasked gathers: a tile's page ids loaded in its own iteration (1), or a tile ahead (2: the
+    # pipeliner then gives the ids' loads no stage of their own, so K/V copies run two tiles ahead instead of one;
+    # sm_90 SASS for D128 prefill: 3 K/V stages, 164 KB of shared memory, but 13 spills per tile. Not measured yet
+    # (NOTES v32).)
+    cfg.setdefault("ids_ahead", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -1170,6 +1177,7 @@ def _paged_attention_kernel(
     FINAL_LSE: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
     QK_AHEAD: tl.constexpr,
+    IDS_AHEAD: tl.constexpr,
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
     MIXED_ORDER: tl.constexpr,
     PAGE_IDS: tl.constexpr,
@@ -1308,7 +1316,7 @@ def _paged_attention_kernel(
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
-        2 if QK_AHEAD else 1, PAGE_IDS,
+        2 if QK_AHEAD else 3 if IDS_AHEAD else 1, PAGE_IDS,
         CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, 0,
     )  # fmt: skip
 
@@ -1498,6 +1506,9 @@ def _cached_launch_plan(
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
         NARROW_OFFSETS=narrow_offsets and cfg["kv_offsets"] == 2,
         QK_AHEAD=cfg["qk_ahead"] == 2 and block_q > 1 and not batch_invariant,
+        # (Only where the third stage of K/V buffers that it brings fits: D256 tiles would need 262 KB.)
+        IDS_AHEAD=(cfg["ids_ahead"] == 2 and block_q > 1
+                   and (interpret or _copies_fit(cfg, head_dim, head_dim_v, cache_dtype.itemsize, device_index))),
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
