@@ -538,19 +538,19 @@ def test_wide_and_narrow_offsets_give_the_same_bits(guard):
     _assert_same_bits_under(p, [dict(cfg, kv_offsets=1), dict(cfg, kv_offsets=2)])
 
 
-def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True) -> None:
-    """The built batch ``p`` run under each config override (outputs NaN-poisoned first): every run close to the
-    reference, and (``same_bits``) all of them bitwise equal."""
+def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True, calls: list[dict] | None = None) -> None:
+    """The built batch ``p`` run under each config override (outputs NaN-poisoned first; ``calls``: extra call
+    arguments per run): every run close to the reference, and (``same_bits``) all of them bitwise equal."""
     spec = p.spec
     t, hq = p.q.shape[:2]
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     n = p.num_real_tokens
     got = []
-    for cfg in overrides:
+    for cfg, extra in zip(overrides, calls or [{}] * len(overrides), strict=True):
         out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
         lse = torch.full((t, hq), float("nan"), device=p.q.device)
         with attention_config_override(**cfg):
-            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
+            tpa.paged_attention_out(*p.args, **p.kwargs, **extra, out=out, lse=lse)
         assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
         got.append((out, lse))
     for out, lse in got[1:] if same_bits else ():
@@ -704,19 +704,8 @@ def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
     for order, hint, expect in ((1, True, 1), (2, False, 1), (2, True, 2)):
         with attention_config_override(**cfg, mixed_order=order):
             assert _launch_plan(p, decode_tail=hint).constexprs["MIXED_ORDER"] == expect
-    t, hq = p.q.shape[:2]
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
-    n = p.num_real_tokens
-    got = []
-    with attention_config_override(**cfg, mixed_order=2):
-        for hint in (-1, 5, 0, 2, 7):  # unknown, right, and three wrong ones
-            out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
-            lse = torch.full((t, hq), float("nan"), device=p.q.device)
-            tpa.paged_attention_out(*p.args, **p.kwargs, decode_tail=hint, out=out, lse=lse)
-            assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
-            got.append((out, lse))
-    for out, lse in got[1:]:
-        assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
+    hints = (-1, 5, 0, 2, 7)  # unknown, right, and three wrong ones
+    _assert_same_bits_under(p, [dict(cfg, mixed_order=2)] * len(hints), calls=[{"decode_tail": h} for h in hints])
     # A lone sequence has no tail beside other work: the hint leaves its launch alone.
     one = build(dataclasses.replace(spec, q_lens=[40], kv_lens=[200]), DEVICE)
     with attention_config_override(**cfg, mixed_order=2):

@@ -732,7 +732,7 @@ def select_attention_config(
     # Taller tiles' unmasked gathers: a tile's page ids loaded in its own iteration (1), or a tile ahead (2: the
     # pipeliner then gives the ids' loads no stage of their own, so K/V copies run two tiles ahead instead of one;
     # sm_90 SASS for D128 prefill: 3 K/V stages, 164 KB of shared memory, but 13 spills per tile. Not measured yet
-    # (NOTES v32).)
+    # (NOTES v33).)
     cfg.setdefault("ids_ahead", 1)
     if _config_override:
         cfg.update(_config_override)
