@@ -14,6 +14,7 @@ import os
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import AttentionType
 
 import triton_paged_ops as tpa
 from triton_paged_ops.checks import FLOAT_DTYPES, FP8_DTYPES
@@ -41,6 +42,33 @@ def _draft_chain(forward_batch) -> int:
     if getattr(spec, "ragged_verify_layout", None) is not None:
         raise NotImplementedError("tpa backend: ragged target verify (SGLANG_RAGGED_VERIFY_MODE) is not supported")
     return int(num)
+
+
+def _refuse_extras(kwargs: dict) -> None:
+    """SGLang hands layer features the ops lack to the backend as keyword arguments (``score_mod``, ``aux_tensors``,
+    MLA's ``q_rope``/``k_rope``, fp8 query descales, ``return_lse`` ...): one that is set is refused, not ignored."""
+    used = sorted(name for name, value in kwargs.items() if value is not None and value is not False)
+    if used:
+        raise NotImplementedError(f"tpa backend: layer arguments not supported: {', '.join(used)}")
+
+
+def bidirectional_extend_allowed() -> bool:
+    """Whether SGLang lets a bidirectional decoder layer (``AttentionType.DECODER_BIDIRECTIONAL``) see its whole
+    prompt in an extend: only when a prompt arrives whole (chunked prefill off) and no prefill CUDA graph splits or
+    pads requests, the rule of SGLang's Triton backend. False when SGLang's config is not published."""
+    try:
+        from sglang.srt.model_executor.cuda_graph_config import (
+            Backend,
+            Phase,
+            check_cuda_graph_backend,
+            cuda_graph_fully_disabled,
+        )
+        from sglang.srt.runtime_context import get_schedule
+
+        graphs_ok = cuda_graph_fully_disabled() or check_cuda_graph_backend(Phase.PREFILL, Backend.BREAKABLE)
+        return bool(graphs_ok and get_schedule().chunked_prefill_size == -1)
+    except (ImportError, AttributeError, ValueError):
+        return False
 
 
 @dataclasses.dataclass
@@ -82,6 +110,7 @@ class TpaAttnBackend(AttentionBackend):
         # Deterministic inference: every call in batch-invariant mode (a request's outputs do not depend on what it
         # is batched with, nor on prefill chunking).
         self.batch_invariant = deterministic_inference(model_runner)
+        self.bidirectional_extend = bidirectional_extend_allowed()
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         if self.req_to_token.dtype != torch.int32:
             raise NotImplementedError(f"tpa backend: req_to_token must be int32, got {self.req_to_token.dtype}")
@@ -164,6 +193,8 @@ class TpaAttnBackend(AttentionBackend):
         mode = forward_batch.forward_mode
         if mode.name not in _EAGER_MODES:
             raise NotImplementedError(f"tpa backend: forward mode {mode.name} is not supported (only {_EAGER_MODES})")
+        if getattr(forward_batch, "encoder_lens", None) is not None:
+            raise NotImplementedError("tpa backend: encoder-decoder batches (encoder_lens) are not supported")
         bs = forward_batch.batch_size
         added = _draft_chain(forward_batch) if mode.is_target_verify() else 0
         decode_tail = -1
@@ -250,8 +281,38 @@ class TpaAttnBackend(AttentionBackend):
         md.rows.copy_(forward_batch.req_pool_indices[:bs])
         torch.add(forward_batch.seq_lens[:bs], md.added_keys, out=md.seq_lens)
 
-    def _attend(self, q, layer, causal: bool, sinks) -> torch.Tensor:
+    def _mask(self, layer, extend: bool) -> tuple[bool, int]:
+        """``(causal, window_left)`` of a layer's call, read from the layer as SGLang's Triton backend reads it:
+        decoder layers are causal with their sliding window (keys ``pos - window ... pos``); encoder-only layers see
+        their whole sequence; bidirectional decoder layers too, in an extend SGLang allows it (see
+        ``bidirectional_extend_allowed``), without their window. What the ops cannot express is refused."""
+        if getattr(layer, "is_cross_attention", False):
+            raise NotImplementedError("tpa backend: cross attention (encoder-decoder models) is not supported")
+        window = layer.sliding_window_size
+        window = -1 if window is None or window < 0 else int(window)
+        kind = getattr(layer, "attn_type", AttentionType.DECODER)
+        if kind == AttentionType.ENCODER_ONLY:
+            if window >= 0:
+                # SGLang's non-causal window is two-sided (|pos - key| <= window); the ops' is one-sided.
+                raise NotImplementedError(
+                    f"tpa backend: encoder-only layers with a sliding window ({window}) are not supported"
+                )
+            # (A decode row sees every key either way; the causal variant is the one warmed up and captured.)
+            return not extend, -1
+        if kind == AttentionType.DECODER_BIDIRECTIONAL and extend:
+            if not self.bidirectional_extend:
+                raise NotImplementedError(
+                    "tpa backend: bidirectional decoder layers need whole prompts (--chunked-prefill-size -1) and "
+                    "no prefill CUDA graphs other than breakable ones, as with SGLang's Triton backend"
+                )
+            return False, -1
+        return True, window
+
+    def _attend(self, q, layer, forward_batch, extend: bool, sinks) -> torch.Tensor:
         md = self.forward_metadata
+        causal, window = self._mask(layer, extend)
+        if getattr(forward_batch, "mha_return_lse", False):
+            raise NotImplementedError("tpa backend: returning the log-sum-exp (mha_return_lse) is not supported")
         k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
         k_scale, v_scale = self._scales(layer, k_buf)
@@ -263,12 +324,11 @@ class TpaAttnBackend(AttentionBackend):
         # The pool's token slots are pages of one token: [slots, Hkv, D] -> [slots, 1, Hkv, D], no copy.
         k_cache = k_buf.unsqueeze(1)
         v_cache = v_buf.unsqueeze(1)
-        window = layer.sliding_window_size if layer.sliding_window_size is not None else -1
         # The typed wrapper: in eager mode it skips the dispatcher (~5 µs per layer), under torch.compile it puts
         # torch.ops.tpa.paged_attention_out itself in the graph.
         tpa.paged_attention_out(
             q3, k_cache, v_cache, md.block_table, md.cu_seqlens_q, md.seq_lens, md.max_seqlen_q, md.max_seqlen_k,
-            float(layer.scaling), causal=causal, window_left=int(window), softcap=float(layer.logit_cap or 0.0),
+            float(layer.scaling), causal=causal, window_left=window, softcap=float(layer.logit_cap or 0.0),
             sinks=sinks.float() if sinks is not None else None, k_scale=k_scale, v_scale=v_scale,
             block_table_rows=md.rows, batch_invariant=self.batch_invariant, decode_tail=md.decode_tail,
             out=o.view(-1, num_q_heads, head_dim_v),
@@ -280,10 +340,15 @@ class TpaAttnBackend(AttentionBackend):
             self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale)
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
+        _refuse_extras(kwargs)
+        if k is not None and not save_kv_cache:
+            # SGLang's own backends then attend to these k/v without storing them; the ops read keys from the pool.
+            raise NotImplementedError("tpa backend: an extend's new keys must be saved to the KV pool "
+                                      "(save_kv_cache=False with k/v given is not supported)")  # fmt: skip
         self._save(k, v, layer, forward_batch, save_kv_cache)
-        causal = not getattr(layer, "is_cross_attention", False)
-        return self._attend(q, layer, causal, sinks)
+        return self._attend(q, layer, forward_batch, True, sinks)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, **kwargs):
+        _refuse_extras(kwargs)
         self._save(k, v, layer, forward_batch, save_kv_cache)
-        return self._attend(q, layer, True, sinks)
+        return self._attend(q, layer, forward_batch, False, sinks)

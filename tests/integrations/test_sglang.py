@@ -16,6 +16,7 @@ from integrations.sglang import BACKEND_NAME, SUPPORTED_SGLANG, register  # noqa
 
 register()
 
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit  # noqa: E402
 from sglang.test.kits.attention_unittest.runner_modes import cuda_graph_decode_runner as graph_kit  # noqa: E402
 from sglang.test.kits.attention_unittest.runner_modes import speculative_target_verify_runner as verify_kit  # noqa: E402
@@ -393,3 +394,166 @@ def test_start_up_warmup_reads_the_runner_settings(monkeypatch, fp8):
     assert seen["max_context"] == fixture.runner.req_to_token_pool.req_to_token.shape[1]
     # An fp8 pool is read with scales (1 here): the warm-up compiles that variant.
     assert (seen["cache_dtype"], seen["kv_scale"]) == ((torch.float8_e4m3fn, True) if fp8 else (None, False))
+
+
+# Layers that see their whole sequence: SGLang's encoder-only layers (BERT-style embedding models) and, where SGLang
+# allows it, bidirectional decoder layers. Extends with prefixes (keys from the pool) and a decode batch.
+WHOLE_SEQUENCE_CASES = [
+    kit.DenseAttentionCase(
+        name="gqa_extend_prefix_page_16", backend=BACKEND_NAME, forward_mode=ForwardMode.EXTEND, num_heads=8,
+        num_kv_heads=2, page_size=16, prefix_lens=(5, 17, 0), extend_lens=(7, 3, 12),
+    ),
+    kit.DenseAttentionCase(
+        name="mha_extend_prefix_page_1", backend=BACKEND_NAME, forward_mode=ForwardMode.EXTEND, num_heads=4,
+        num_kv_heads=4, page_size=1, prefix_lens=(0, 9), extend_lens=(6, 5),
+    ),
+    kit.DenseAttentionCase(
+        name="gqa_decode_page_16", backend=BACKEND_NAME, forward_mode=ForwardMode.DECODE, num_heads=8,
+        num_kv_heads=2, page_size=16, prefix_lens=(4, 19, 33),
+    ),
+]  # fmt: skip
+
+
+def _spy_masks(monkeypatch) -> list:
+    """Records ``(causal, window_left)`` of each op call the backend makes."""
+    import triton_paged_ops as tpa
+
+    calls = []
+    real = tpa.paged_attention_out
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs["causal"], kwargs["window_left"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tpa, "paged_attention_out", spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["ENCODER_ONLY", "DECODER_BIDIRECTIONAL"])
+@pytest.mark.parametrize("case", WHOLE_SEQUENCE_CASES, ids=[c.name for c in WHOLE_SEQUENCE_CASES])
+def test_whole_sequence_layers_attend_to_every_key(case, kind, monkeypatch):
+    """Encoder-only layers, and bidirectional decoder layers where SGLang lets them see their whole prompt, match
+    the kit's reference with an all-keys mask (which differs from the causal one here, so the mask is not a no-op);
+    a bidirectional layer's sliding window is dropped in an extend, as SGLang's Triton backend drops it."""
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    extend = not case.forward_mode.is_decode()
+    with torch.no_grad():
+        fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
+    layer = fixture.actual_module.attn
+    layer.attn_type = getattr(AttentionType, kind)
+    if kind == "DECODER_BIDIRECTIONAL":
+        fixture.backend.bidirectional_extend = True
+        if extend:
+            layer.sliding_window_size = 2
+    calls = _spy_masks(monkeypatch)
+    with torch.no_grad():
+        actual = kit.run_dense_fixture_eager(fixture)
+        masks = [torch.ones(n, p + n, dtype=torch.bool) for p, n in zip(case.prefix_lens, case.input_lens)]
+        expected = kit.dense_attention_reference_with_custom_mask(
+            fixture.reference_module, case, fixture.prefix_hidden, fixture.input_hidden, masks
+        )
+        causal = kit.expected_dense_fixture_output(fixture)
+    torch.testing.assert_close(actual, expected, atol=kit.DENSE_ATOL, rtol=kit.DENSE_RTOL)
+    if extend:
+        assert (causal - expected).abs().max() > 10 * kit.DENSE_ATOL
+        assert calls == [(False, -1)]
+    else:  # a decode row sees every key either way: the causal variant, the one warmed up and captured
+        torch.testing.assert_close(causal, expected, atol=kit.DENSE_ATOL, rtol=kit.DENSE_RTOL)
+        assert calls == [(True, -1)]
+
+
+def _no_window_for_encoders(backend, layer, batch, call):
+    layer.attn_type, layer.sliding_window_size = _attention_type("ENCODER_ONLY"), 4
+
+
+def _bidirectional_with_chunked_prefill(backend, layer, batch, call):
+    layer.attn_type = _attention_type("DECODER_BIDIRECTIONAL")
+    backend.bidirectional_extend = False  # (what SGLang's config says with chunked prefill on)
+
+
+def _cross_attention(backend, layer, batch, call):
+    layer.is_cross_attention = True
+
+
+def _score_mod(backend, layer, batch, call):
+    call["score_mod"] = lambda score, *index: score
+
+
+def _keys_not_saved(backend, layer, batch, call):
+    call["save_kv_cache"] = False
+
+
+def _lse_requested(backend, layer, batch, call):
+    batch.mha_return_lse = True
+
+
+def _attention_type(name: str):
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    return getattr(AttentionType, name)
+
+
+REFUSED = {
+    "encoder_only_window": (_no_window_for_encoders, "sliding window"),
+    "bidirectional_chunked": (_bidirectional_with_chunked_prefill, "chunked-prefill-size -1"),
+    "cross_attention": (_cross_attention, "cross attention"),
+    "score_mod": (_score_mod, "not supported: score_mod"),
+    "keys_not_saved": (_keys_not_saved, "save_kv_cache=False"),
+    "return_lse": (_lse_requested, "mha_return_lse"),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_layer_features_the_ops_lack_are_refused_clearly(name, monkeypatch):
+    """What the ops cannot compute raises NotImplementedError naming it, instead of a silent causal (or otherwise
+    wrong) answer; the same extend runs once the feature is taken away."""
+    setup, message = REFUSED[name]
+    case = WHOLE_SEQUENCE_CASES[0]
+    with torch.no_grad():
+        fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
+        backend, batch, layer = fixture.backend, fixture.forward_batch, fixture.actual_module.attn
+        backend.init_forward_metadata(batch)
+        q, k, v = fixture.actual_module.project_qkv(fixture.input_hidden)
+        k, v = (t.view(-1, case.num_kv_heads, kit.DEFAULT_HEAD_DIM) for t in (k, v))
+        call = {"save_kv_cache": True}
+        monkeypatch.setattr(batch, "mha_return_lse", False, raising=False)
+        plain = backend.forward_extend(q, k, v, layer, batch, **call)
+        setup(backend, layer, batch, call)
+        with pytest.raises(NotImplementedError, match=message):
+            backend.forward_extend(q, k, v, layer, batch, **call)
+    assert plain.shape == (q.shape[0], case.num_heads * kit.DEFAULT_HEAD_DIM)
+
+
+def test_encoder_decoder_batches_are_refused():
+    from types import SimpleNamespace
+
+    from integrations.sglang.backend import TpaAttnBackend
+
+    backend = TpaAttnBackend.__new__(TpaAttnBackend)
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1, encoder_lens=torch.tensor([3]))
+    with pytest.raises(NotImplementedError, match="encoder_lens"):
+        backend.init_forward_metadata(batch)
+
+
+@pytest.mark.parametrize("graphs_off", [True, False])
+@pytest.mark.parametrize("chunk", [-1, 8192])
+def test_bidirectional_extends_follow_sglangs_rule(graphs_off, chunk, monkeypatch):
+    """Whole prompts only: chunked prefill off, and no prefill graphs (or only breakable ones)."""
+    from types import SimpleNamespace
+
+    from sglang.srt import runtime_context
+    from sglang.srt.model_executor import cuda_graph_config
+
+    from integrations.sglang.backend import bidirectional_extend_allowed
+
+    monkeypatch.setattr(cuda_graph_config, "cuda_graph_fully_disabled", lambda: graphs_off)
+    monkeypatch.setattr(cuda_graph_config, "check_cuda_graph_backend", lambda phase, backend: False)
+    monkeypatch.setattr(runtime_context, "get_schedule", lambda: SimpleNamespace(chunked_prefill_size=chunk))
+    assert bidirectional_extend_allowed() == (graphs_off and chunk == -1)
+
+    def unpublished():
+        raise ValueError("config not published")
+
+    monkeypatch.setattr(runtime_context, "get_schedule", unpublished)
+    assert not bidirectional_extend_allowed()
