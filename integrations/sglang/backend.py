@@ -15,6 +15,7 @@ import os
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
+from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
 import triton_paged_ops as tpa
 from triton_paged_ops.checks import FLOAT_DTYPES, FP8_DTYPES
@@ -116,6 +117,13 @@ class TpaAttnBackend(AttentionBackend):
             raise NotImplementedError(f"tpa backend: req_to_token must be int32, got {self.req_to_token.dtype}")
         self.max_context_len = self.req_to_token.shape[1]
         self.token_to_kv_pool = model_runner.token_to_kv_pool
+        if isinstance(self.token_to_kv_pool, BaseSWAKVPool):
+            # Its window layers' slots are another id space (and evicted past the window): req_to_token does not
+            # address them.
+            raise NotImplementedError(
+                "tpa backend: hybrid sliding-window KV pools are not supported; start SGLang with "
+                "--disable-hybrid-swa-memory (one pool for all layers; the window is still applied)"
+            )
         self.forward_metadata: TpaMetadata | None = None
         # fp8 caches: each layer's dequantisation scales as the ops take them (see _scales). The unit scale is made
         # here, not on first use, which may fall inside a CUDA-graph capture.

@@ -557,3 +557,23 @@ def test_bidirectional_extends_follow_sglangs_rule(graphs_off, chunk, monkeypatc
 
     monkeypatch.setattr(runtime_context, "get_schedule", unpublished)
     assert not bidirectional_extend_allowed()
+
+
+def test_hybrid_sliding_window_pools_are_refused():
+    """A hybrid pool keeps window layers' K/V in slots of their own, which req_to_token does not address: the
+    backend refuses it at start-up (with the server flag that gives one pool) instead of reading wrong slots."""
+    from types import SimpleNamespace
+
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    from integrations.sglang.backend import TpaAttnBackend
+
+    runner = SimpleNamespace(
+        device="cpu", server_args=SimpleNamespace(enable_deterministic_inference=False),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(2, 8, dtype=torch.int32)),
+        token_to_kv_pool=SWAKVPool.__new__(SWAKVPool),
+    )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="--disable-hybrid-swa-memory"):
+        TpaAttnBackend(runner)
+    runner.token_to_kv_pool = None  # anything else passes this check
+    assert TpaAttnBackend(runner).token_to_kv_pool is None
