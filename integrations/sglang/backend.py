@@ -117,6 +117,9 @@ class TpaAttnBackend(AttentionBackend):
             raise NotImplementedError(f"tpa backend: req_to_token must be int32, got {self.req_to_token.dtype}")
         self.max_context_len = self.req_to_token.shape[1]
         self.token_to_kv_pool = model_runner.token_to_kv_pool
+        if getattr(getattr(model_runner, "server_args", None), "enable_unified_memory", False):
+            # req_to_token then holds virtual slot ids, translated per sub-pool by SGLang's own readers.
+            raise NotImplementedError("tpa backend: --enable-unified-memory is not supported")
         if isinstance(self.token_to_kv_pool, BaseSWAKVPool):
             # Its window layers' slots are another id space (and evicted past the window): req_to_token does not
             # address them.

@@ -559,9 +559,9 @@ def test_bidirectional_extends_follow_sglangs_rule(graphs_off, chunk, monkeypatc
     assert not bidirectional_extend_allowed()
 
 
-def test_hybrid_sliding_window_pools_are_refused():
-    """A hybrid pool keeps window layers' K/V in slots of their own, which req_to_token does not address: the
-    backend refuses it at start-up (with the server flag that gives one pool) instead of reading wrong slots."""
+def test_pools_req_to_token_does_not_address_are_refused():
+    """A hybrid pool keeps window layers' K/V in slots of their own, and unified memory puts virtual ids in
+    req_to_token: the backend refuses both at start-up (naming the server flag) instead of reading wrong slots."""
     from types import SimpleNamespace
 
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
@@ -577,3 +577,7 @@ def test_hybrid_sliding_window_pools_are_refused():
         TpaAttnBackend(runner)
     runner.token_to_kv_pool = None  # anything else passes this check
     assert TpaAttnBackend(runner).token_to_kv_pool is None
+    # Unified memory: req_to_token holds virtual slot ids.
+    runner.server_args.enable_unified_memory = True
+    with pytest.raises(NotImplementedError, match="--enable-unified-memory"):
+        TpaAttnBackend(runner)
