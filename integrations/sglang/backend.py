@@ -117,6 +117,11 @@ class TpaAttnBackend(AttentionBackend):
             raise NotImplementedError(f"tpa backend: req_to_token must be int32, got {self.req_to_token.dtype}")
         self.max_context_len = self.req_to_token.shape[1]
         self.token_to_kv_pool = model_runner.token_to_kv_pool
+        chunk = getattr(model_runner, "attention_chunk_size", None)
+        if chunk is not None:
+            # Chunked local attention (Llama 4): keys only inside the query's chunk, a mask the ops lack.
+            raise NotImplementedError(f"tpa backend: chunked local attention (attention_chunk_size {chunk}) is not "
+                                      "supported")  # fmt: skip
         if getattr(getattr(model_runner, "server_args", None), "enable_unified_memory", False):
             # req_to_token then holds virtual slot ids, translated per sub-pool by SGLang's own readers.
             raise NotImplementedError("tpa backend: --enable-unified-memory is not supported")

@@ -559,9 +559,10 @@ def test_bidirectional_extends_follow_sglangs_rule(graphs_off, chunk, monkeypatc
     assert not bidirectional_extend_allowed()
 
 
-def test_pools_req_to_token_does_not_address_are_refused():
-    """A hybrid pool keeps window layers' K/V in slots of their own, and unified memory puts virtual ids in
-    req_to_token: the backend refuses both at start-up (naming the server flag) instead of reading wrong slots."""
+def test_layouts_and_masks_the_backend_cannot_read_are_refused_at_start_up():
+    """A hybrid pool keeps window layers' K/V in slots of their own, unified memory puts virtual ids in
+    req_to_token, and chunked local attention needs a mask the ops lack: the backend refuses each at start-up
+    (naming the server flag where there is one) instead of reading wrong slots or attending too widely."""
     from types import SimpleNamespace
 
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
@@ -580,4 +581,8 @@ def test_pools_req_to_token_does_not_address_are_refused():
     # Unified memory: req_to_token holds virtual slot ids.
     runner.server_args.enable_unified_memory = True
     with pytest.raises(NotImplementedError, match="--enable-unified-memory"):
+        TpaAttnBackend(runner)
+    # Chunked local attention (Llama 4): a mask the ops lack.
+    runner.server_args.enable_unified_memory, runner.attention_chunk_size = False, 8192
+    with pytest.raises(NotImplementedError, match="chunked local attention"):
         TpaAttnBackend(runner)
