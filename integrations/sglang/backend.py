@@ -304,6 +304,14 @@ class TpaAttnBackend(AttentionBackend):
         ``bidirectional_extend_allowed``), without their window. What the ops cannot express is refused."""
         if getattr(layer, "is_cross_attention", False):
             raise NotImplementedError("tpa backend: cross attention (encoder-decoder models) is not supported")
+        temperature = getattr(layer, "xai_temperature_len", None)
+        if temperature is not None and temperature > 0:
+            # Grok's query scaling by position, which SGLang's Triton backend applies inside its kernels.
+            raise NotImplementedError(f"tpa backend: attention temperature (xai_temperature_len {temperature}) is "
+                                      "not supported")  # fmt: skip
+        if getattr(layer, "pos_encoding_mode", "NONE") != "NONE":
+            raise NotImplementedError(f"tpa backend: rotary embedding inside attention (pos_encoding_mode "
+                                      f"{layer.pos_encoding_mode!r}) is not supported")  # fmt: skip
         window = layer.sliding_window_size
         window = -1 if window is None or window < 0 else int(window)
         kind = getattr(layer, "attn_type", AttentionType.DECODER)

@@ -488,6 +488,14 @@ def _lse_requested(backend, layer, batch, call):
     batch.mha_return_lse = True
 
 
+def _attention_temperature(backend, layer, batch, call):
+    layer.xai_temperature_len = 1024
+
+
+def _rope_in_attention(backend, layer, batch, call):
+    layer.pos_encoding_mode = "ROPE_LLAMA"
+
+
 def _attention_type(name: str):
     from sglang.srt.layers.radix_attention import AttentionType
 
@@ -501,6 +509,8 @@ REFUSED = {
     "score_mod": (_score_mod, "not supported: score_mod"),
     "keys_not_saved": (_keys_not_saved, "save_kv_cache=False"),
     "return_lse": (_lse_requested, "mha_return_lse"),
+    "attention_temperature": (_attention_temperature, "xai_temperature_len"),
+    "rope_in_attention": (_rope_in_attention, "pos_encoding_mode"),
 }
 
 
