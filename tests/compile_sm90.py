@@ -186,6 +186,15 @@ def main() -> int:
         results.append(attention_variant("prefill page ids ahead", max_q=512, device_index=0, sinks=True))
         results.append(attention_variant("prefill page ids ahead page 1", max_q=512, device_index=0, page_size=1))
         results.append(attention_variant("prefill page ids ahead D256", head_dim=256, max_q=512, device_index=0))
+    # Row sums of the rounded P on the tensor cores (``acc_rescale`` 3): prefill tiles (D128 with a mixed launch's
+    # one-token rows, D256, fp32 products) and decode tiles.
+    with attention.attention_config_override(acc_rescale=3):
+        results.append(attention_variant("prefill row sums on tensor cores", max_q=512, device_index=0, sinks=True))
+        results.append(attention_variant("prefill row sums on tensor cores D256", head_dim=256, max_q=512,
+                                         device_index=0))  # fmt: skip
+        results.append(attention_variant("prefill row sums on tensor cores fp32", dtype=torch.float32, max_q=64,
+                                         max_k=1024, device_index=0))  # fmt: skip
+        results.append(attention_variant("decode row sums on tensor cores", max_q=1, device_index=0))
     # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
     with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
         results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))

@@ -598,6 +598,26 @@ def test_accumulator_rescaled_every_tile_gives_the_same_bits(window_left):
     _assert_same_bits_under(p, [dict(cfg, acc_rescale=1), dict(cfg, acc_rescale=2)])
 
 
+@pytest.mark.parametrize("dtype,window_left,features", [
+    (torch.float16, -1, False),
+    (torch.float16, 40, True),  # a window, a soft cap and ALiBi slopes (scores scaled outside the exponent)
+    (torch.float32, -1, True),  # fp32 tiles: the row sums' product at full precision
+])  # fmt: skip
+def test_row_sums_on_the_tensor_cores_match_the_reference(dtype, window_left, features):
+    """``acc_rescale`` 3 multiplies every tile and takes each row's sum of probabilities as P @ 1 from the rounded P
+    that P @ V uses: other bits than the fp32 sums, so every row of a mixed batch (split decode rows, prefill chunks
+    over a prefix, a row of 3 keys) is checked against the reference, outputs and lse, after NaN poisoning."""
+    spec = Spec(q_lens=[40, 1, 3, 20], kv_lens=[200, 177, 3, 150], pad_tokens=2, page_size=16, num_kv_heads=2,
+                group=2, head_dim=32, head_dim_v=32, dtype=dtype, causal=True, window_left=window_left,
+                softcap=30.0 if features else 0.0, use_alibi=features, use_sinks=True, use_kv_scale=False, scale=0.2,
+                strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=31, num_splits=2)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2)
+    with attention_config_override(**cfg, acc_rescale=3):
+        assert _launch_plan(p).constexprs["ACC_RESCALE"] == 3
+    _assert_close_under(p, [dict(cfg, acc_rescale=1), dict(cfg, acc_rescale=3)])
+
+
 @pytest.mark.parametrize("page_size,tile,warps,sinks,guard", [
     (16, 64, 4, True, 2),  # runs of 16 keys: one page id per run
     (64, 128, 2, False, 2),  # runs of 64 keys inside 64-key pages

@@ -186,7 +186,7 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     from benchmarks import ab
 
     for bad, msg in ((["--config", "acc_rescale=2"], "JSON objects"), (["--config", "[1]"], "JSON objects"),
-                     (["--config", '{"acc_rescale": 3}'], "acc_rescale must be 1 or 2"),
+                     (["--config", '{"acc_rescale": 4}'], "acc_rescale must be 1, 2 or 3"),
                      (["--config", '{"bogus": 1}'], "unknown key"), (["--only", "B3x7k"], "no case"),
                      (["--config", '{"hints": 0}'], "hints takes true or false"),
                      (["--rounds", "0"], "--rounds")):  # fmt: skip

@@ -43,6 +43,8 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     assert all("block_copies=True" in r["plan"] for r in results if "block copies" in r["name"])
     assert "block_copies=False" in next(r["plan"] for r in results if r["name"] == "prefill D256 page 64 gathers")
     assert "'qk_ahead': 2" in next(r["plan"] for r in results if r["name"] == "prefill scores ahead")
+    sums = [r["plan"] for r in results if "row sums on tensor cores" in r["name"]]
+    assert len(sums) == 4 and all("'acc_rescale': 3" in plan for plan in sums)
     # Page ids a tile ahead where their third K/V stage fits, not at D256 (nor by default).
     ahead = {r["name"]: r["ids_ahead"] for r in results if r["name"].startswith("prefill page ids ahead")}
     assert ahead == {"prefill page ids ahead": True, "prefill page ids ahead page 1": True,

@@ -266,7 +266,7 @@ def test_fp8_decode_candidates_include_wider_tiles():
      ({"num_splits": 0}, "num_splits"), ({"min_segment": 4096, "max_segment": 1024}, "min_segment"),
      ({"invariant_leaves": 3}, "invariant_leaves"), ({"invariant_programs": 4}, "invariant_programs"),
      ({"kv_offsets": 3}, "kv_offsets"), ({"fill_percent": 101}, "fill_percent"),
-     ({"fill_percent": 0}, "fill_percent")],
+     ({"fill_percent": 0}, "fill_percent"), ({"acc_rescale": 0}, "acc_rescale"), ({"acc_rescale": 4}, "acc_rescale")],
 )  # fmt: skip
 def test_config_override_names_a_bad_value(cfg, names):
     with pytest.raises(ValueError, match=names), attention_config_override(**cfg):

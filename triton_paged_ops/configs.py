@@ -69,13 +69,13 @@ GUARD_KEYS = ("page_guard",)
 # Taller tiles' unmasked loop: 1 each tile scored and reduced in turn (default), 2 the next tile scored before the
 # current one's softmax (tensor-core work in flight during it).
 # Online softmax: 1 the accumulator multiply skipped in tiles where no row's max moved (a CTA-wide test and branch),
-# 2 done every tile.
+# 2 done every tile, 3 done every tile with the row sums taken on the tensor cores from the rounded P of P @ V.
 # Page ids of taller tiles over pages of 16+ keys that divide the tile: 1 one load per key, 2 one per page.
 # When taller tiles' unmasked gathers load a tile's page ids: 1 in its own iteration, 2 one tile ahead.
 LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead")
 # Keys that choose between two forms (1 or 2).
-SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "small_chunks", "mixed_order",
-               "page_ids", "ids_ahead")  # fmt: skip
+SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",
+               "ids_ahead")  # fmt: skip
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -146,6 +146,8 @@ def validate_config(cfg: object) -> str | None:
     for key in SWITCH_KEYS:
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
+    if cfg.get("acc_rescale", 1) not in (1, 2, 3):
+        return f"acc_rescale must be 1, 2 or 3, got {cfg['acc_rescale']}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):
         return f"invariant_programs must be 1, 2 or 3, got {cfg['invariant_programs']}"
     if cfg.get("invariant_leaves", 1) & (cfg.get("invariant_leaves", 1) - 1):

@@ -322,7 +322,15 @@ def _tile_update(
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.exp2(tl.fma(s, qk_scale, -m_safe[:, None])) if FOLD_SCALE else tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    if ACC_RESCALE == 3:
+        # The row sums of the rounded P that P @ V multiplies, as P @ 1 on the tensor cores (every column the same
+        # sum: the max picks one exactly). P's fp32 values then die at the rounding instead of staying live for
+        # 64 adds per row beside P and the accumulator (sm_90: the every-tile form's spills, NOTES v34).
+        p = p.to(q.dtype)
+        row_sums = tl.dot(p, tl.full([BLOCK_N, 16], 1.0, q.dtype), input_precision=DOT_PRECISION)
+        l_i = l_i * alpha + tl.max(row_sums, 1)
+    else:
+        l_i = l_i * alpha + tl.sum(p, 1)
     if ACC_RESCALE == 1:
         # alpha is exactly 1 where the max stayed: skip the tile's accumulator multiply when no row moved.
         if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
@@ -590,23 +598,23 @@ PREPARED = PreparedLaunches()
 @contextlib.contextmanager
 def attention_config_override(**cfg: int) -> Iterator[None]:
     """Force launch options in a block: tiles (``BLOCK_M``, ``BLOCK_N``, ``num_warps``, ``num_stages``), the split
-    policy (``programs_per_sm``, ``min_segment``, ``max_segment``, ``fill_segment``: the shortest segment of a grid
-    that would leave SMs idle, ``fill_percent``: the share of program slots a grid must fill unsplit) or a fixed
-    split count (``num_splits``), the batch-invariant segment (``invariant_segment``), the decode dispatch order
-    (``decode_order``: 1 sequences outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like
-    3 with each sequence's segments in the last groups) and who merges split-KV partials (``split_merge``: 1 a
-    second kernel, 2 the last segment program of each tile; ``reduce_launch``: 1 that second kernel is a plain
-    launch, 2 a programmatic dependent one where the device has it), and the KV tile width of one-token rows in a
-    launch of taller tiles that splits nothing (``small_block_n``, a mixed batch's decode rows), what a key whose
-    page id lies outside the cache does (``page_guard``: 1 it is dropped, 2 it reads page 0), and how tall tiles
-    read K/V when a page holds whole tiles (``kv_loads``: 1 gathers, 2 tensor-descriptor copies), and whether the
-    online softmax skips the accumulator's multiply in tiles where no row's max moved (``acc_rescale``: 1 skips,
-    2 multiplies every tile), and how a mixed launch's one-token rows cut a KV tile (``small_chunks``: 1 one tile
-    shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
-    launch whose caller says its batch ends in one-token sequences (``decode_tail`` > 0; ``mixed_order``: 1 the
-    batch's order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of
-    16+ keys divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers
-    load a tile's page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead).
+    policy (``programs_per_sm``, ``min_segment``, ``max_segment``, ``fill_segment``: the shortest segment of a grid that
+    would leave SMs idle, ``fill_percent``: the share of program slots a grid must fill unsplit) or a fixed split count
+    (``num_splits``), the batch-invariant segment (``invariant_segment``), the decode dispatch order (``decode_order``:
+    1 sequences outermost, 2 KV heads fastest, 3 KV heads fastest and segments slowest, 4 like 3 with each sequence's
+    segments in the last groups) and who merges split-KV partials (``split_merge``: 1 a second kernel, 2 the last
+    segment program of each tile; ``reduce_launch``: 1 that second kernel is a plain launch, 2 a programmatic dependent
+    one where the device has it), and the KV tile width of one-token rows in a launch of taller tiles that splits
+    nothing (``small_block_n``, a mixed batch's decode rows), what a key whose page id lies outside the cache does
+    (``page_guard``: 1 it is dropped, 2 it reads page 0), and how tall tiles read K/V when a page holds whole tiles
+    (``kv_loads``: 1 gathers, 2 tensor-descriptor copies), and whether the online softmax skips the accumulator's
+    multiply in tiles where no row's max moved (``acc_rescale``: 1 skips, 2 multiplies every tile, 3 also sums the rows
+    of the rounded P on the tensor cores), and how a mixed launch's one-token rows cut a KV tile (``small_chunks``: 1
+    one tile shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
+    launch whose caller says its batch ends in one-token sequences (``decode_tail`` > 0; ``mixed_order``: 1 the batch's
+    order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of 16+ keys
+    divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers load a tile's
+    page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -714,6 +722,8 @@ def select_attention_config(
     # Online softmax: the accumulator's multiply skipped where no row's running max moved (1: a CTA-wide test and a
     # branch per tile) or done every tile (2). On the H200 skipping wins on D128/D256 prefill and decode (the
     # multiply costs 128 FMULs per thread per 256-row tile), multiplying wins on D64 prefill (+6%; NOTES v22, v29).
+    # 3: every tile, the row sums taken from the rounded P on the tensor cores (sm_90 SASS for D128 prefill: no
+    # spills and 645 instructions per tile against 735; not measured yet, NOTES v34).
     cfg.setdefault("acc_rescale", 1)
     # One-token rows of a launch of taller tiles: each KV tile shared by all warps (1: ~9 CTA barriers per tile, the
     # row reductions cross the warps, and one tile in flight), or cut into one run of keys per warp (2), each run
