@@ -26,7 +26,7 @@ SM90_SHARED_BYTES = 232448  # largest shared memory one program may use on sm_90
 # Every kernel compiled here, in order (``benchmarks.sass`` reads their PTX and cubins).
 COMPILED: list = []
 _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.float8_e4m3fn: "*fp8e4nv",
-        torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
+        torch.float8_e4m3fnuz: "*fp8e4b8", torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
 
 
 def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: dict) -> int:

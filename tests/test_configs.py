@@ -336,3 +336,36 @@ def test_decode_large_tuning_groups():
             cands = candidates("decode_large", False, quick, cache_dtype)
             assert any(c["num_warps"] == 1 for c in cands) and any(c["num_warps"] == 4 for c in cands)
             assert len({tuple(sorted(c.items())) for c in cands}) == len(cands)
+
+
+@pytest.mark.parametrize("amd", [False, True])
+@pytest.mark.parametrize(
+    "head_dim,itemsize,limit", [(256, 2, 65536), (128, 4, 101376), (256, 4, 65536), (64, 2, 65536)]
+)
+def test_heuristic_tiles_are_fitted_to_the_shared_memory(head_dim, itemsize, limit, amd):
+    """``_fit_shared_memory`` halves KV tiles (to 32 keys), then rows (never below the GQA group's), then KV tiles
+    to 16, until the q tile and a K and a V tile, with the backend's slack (NVIDIA: 9/8 for 16-bit inputs, 3/2 for
+    fp32; AMD: none), fit the limit; tiles that fit are left alone, as is everything when the limit is unknown."""
+    from triton_paged_ops.kernels.attention import _fit_shared_memory
+
+    num, den = (1, 1) if amd else (3, 2) if itemsize == 4 else (9, 8)
+
+    def fits(c):
+        return (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * head_dim * itemsize * num <= limit * den
+
+    for block_m, block_n, warps in ((16, 128, 4), (64, 64, 4), (128, 64, 8)):
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": 2}
+        assert _fit_shared_memory(dict(cfg), head_dim, itemsize, 16, 0, amd) == cfg
+        fitted = _fit_shared_memory(dict(cfg), head_dim, itemsize, 16, limit, amd)
+        if fits(cfg):
+            assert fitted == cfg
+            continue
+        assert fits(fitted) or (fitted["BLOCK_M"], fitted["BLOCK_N"]) == (16, 16)
+        assert fitted["BLOCK_M"] >= 16 and fitted["BLOCK_N"] >= 16 and fitted["num_stages"] == 2
+        assert fitted["BLOCK_N"] <= block_n and fitted["BLOCK_M"] <= block_m
+        assert fitted["num_warps"] == (4 if fitted["BLOCK_M"] <= 64 else warps)
+        # Rows shrink only once the KV tile is down to 32 keys.
+        assert fitted["BLOCK_M"] == block_m or fitted["BLOCK_N"] <= 32
+    # A GQA group of 32 heads keeps its rows in one tile.
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    assert _fit_shared_memory(cfg, 256, 4, 32, 65536, amd)["BLOCK_M"] >= 32

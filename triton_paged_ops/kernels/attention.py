@@ -685,6 +685,10 @@ def select_attention_config(
         cfg.update(tuned)
         # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
+    elif not interpret and device_index is not None:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        cfg = _fit_shared_memory(cfg, head_dim_pad, itemsize, max(16, group_pad), max_shared_memory(device_index),
+                                 device_is_amd(device_index))  # fmt: skip
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
     # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14). Order 4 adds the
     # longest-work-first segment order: +2.7% on a ragged batch, the same elsewhere (NOTES v16); with fp8 caches'
@@ -748,6 +752,37 @@ def select_attention_config(
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
         raise ValueError(f"attention config {cfg} needs BLOCK_M >= max(16, GQA group={group}) and BLOCK_N >= 16")
+    return cfg
+
+
+def device_is_amd(device_index: int) -> bool:
+    """Whether GPU ``device_index`` is an AMD one (a ROCm build of PyTorch)."""
+    return torch.version.hip is not None
+
+
+def _fit_shared_memory(cfg: dict, head_dim_pad: int, itemsize: int, min_rows: int, limit: int, amd: bool) -> dict:
+    """The heuristic's tiles, halved until their buffers fit ``limit`` bytes of shared memory (LDS on AMD; 0: not
+    known, nothing changes). The estimate is the q tile plus one K and one V tile; compiled with Triton 3.6/3.7 the
+    kernels need up to 9% more on NVIDIA GPUs with 16-bit inputs and up to 50% more with fp32 ones (layout
+    conversions), and no more on AMD (``tests/compile_targets.py`` checks every heuristic variant on an MI300, a
+    99 KB sm_89 GPU and an A100). KV tiles shrink first (to 32 keys), then rows (to ``min_rows``, a GQA group's),
+    then KV tiles to 16. Unfitted, the heuristic needed more than GPUs of 99 KB have (sm_86/89: D256 short
+    queries, fp32 from D128) or 64 KB (MI300: D256 short queries, most fp32 tiles)."""
+    slack = (1, 1) if amd else (3, 2) if itemsize >= 4 else (9, 8)
+
+    def fits(c: dict) -> bool:
+        return (c["BLOCK_M"] + 2 * c["BLOCK_N"]) * head_dim_pad * itemsize * slack[0] <= limit * slack[1]
+
+    while limit > 0 and not fits(cfg):
+        if cfg["BLOCK_N"] > 32:
+            cfg["BLOCK_N"] //= 2
+        elif cfg["BLOCK_M"] > min_rows:
+            cfg["BLOCK_M"] //= 2
+            cfg["num_warps"] = min(cfg["num_warps"], 4 if cfg["BLOCK_M"] <= 64 else 8)
+        elif cfg["BLOCK_N"] > 16:
+            cfg["BLOCK_N"] //= 2
+        else:
+            break  # the smallest tiles: Triton reports what still does not fit
     return cfg
 
 
