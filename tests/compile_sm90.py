@@ -89,6 +89,26 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     return out
 
 
+def other_kernels(prefix: str, fp8: torch.dtype) -> list[dict]:
+    """The merge kernel and the cache write into an ``fp8`` cache (with scales, saturating at its largest finite
+    value), named with ``prefix``."""
+    merge_ptrs = {p: torch.float32 for p in ("lse_a_ptr", "lse_b_ptr", "lse_ptr")}
+    merge_ptrs |= {p: torch.bfloat16 for p in ("out_a_ptr", "out_b_ptr", "out_ptr")}
+    merge_consts = {"HEAD_DIM": 128, "BLOCK_D": 128}
+    bf16, f32 = torch.bfloat16, torch.float32
+    cache_ptrs = {"key_ptr": bf16, "value_ptr": bf16, "k_cache_ptr": fp8, "v_cache_ptr": fp8,
+                  "slot_mapping_ptr": torch.int64, "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
+    top = torch.finfo(fp8).max
+    cache_consts = dict(PAGE_SIZE=16, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128,
+                        HAS_K_SCALE=True, HAS_V_SCALE=True, K_SATURATE=top, V_SATURATE=top)  # fmt: skip
+    return [
+        {"name": f"{prefix}merge_attn_states", "shared": _compile(
+            merge._merge_attn_states_kernel, merge_ptrs, (), merge_consts, {"num_warps": 1})},
+        {"name": f"{prefix}reshape_and_cache fp8", "shared": _compile(
+            cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, {"num_warps": 4})},
+    ]  # fmt: skip
+
+
 def pose_as(gpu: str, capability: str, triton_version: str, num_sms: int = 132) -> None:
     """Plan launches (device_index 0) as on that GPU with that Triton: its shipped table applies, ``num_sms`` SMs."""
     configs.device_identity = lambda device_index: (gpu, capability)
@@ -139,18 +159,7 @@ def main() -> int:
         attention_variant("invariant fp32 short", dtype=torch.float32, max_q=8, max_k=4096, invariant=True),
         attention_variant("invariant decode alibi softcap", max_k=8192, alibi=True, softcap=30.0, invariant=True),
     ]
-    merge_ptrs = {p: torch.float32 for p in ("lse_a_ptr", "lse_b_ptr", "lse_ptr")}
-    merge_ptrs |= {p: torch.bfloat16 for p in ("out_a_ptr", "out_b_ptr", "out_ptr")}
-    merge_consts = {"HEAD_DIM": 128, "BLOCK_D": 128}
-    results.append({"name": "merge_attn_states", "shared": _compile(
-        merge._merge_attn_states_kernel, merge_ptrs, (), merge_consts, {"num_warps": 1})})  # fmt: skip
-    bf16, f32 = torch.bfloat16, torch.float32
-    cache_ptrs = {"key_ptr": bf16, "value_ptr": bf16, "k_cache_ptr": fp8, "v_cache_ptr": fp8,
-                  "slot_mapping_ptr": torch.int64, "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
-    cache_consts = dict(PAGE_SIZE=16, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128,
-                        HAS_K_SCALE=True, HAS_V_SCALE=True, K_SATURATE=448.0, V_SATURATE=448.0)  # fmt: skip
-    results.append({"name": "reshape_and_cache fp8", "shared": _compile(
-        cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, {"num_warps": 4})})  # fmt: skip
+    results += other_kernels("", fp8)
     results += shipped_table_variants(configs.SHIPPED_DIR / "nvidia_h200.json")
     # Asked for (``kv_loads`` 2; gathers are the default), tall tiles inside one page copy K/V through tensor
     # descriptors on an sm_90 device (TMA; the H200 identity that shipped_table_variants set stays) where the copies'

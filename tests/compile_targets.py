@@ -18,9 +18,9 @@ import torch
 from triton.backends.compiler import GPUTarget
 
 from tests import compile_sm90
-from tests.compile_sm90 import _compile, attention_variant
+from tests.compile_sm90 import attention_variant, other_kernels
 from triton_paged_ops import configs, plan
-from triton_paged_ops.kernels import attention, cache, merge
+from triton_paged_ops.kernels import attention
 
 # name: (compile target, device name and capability, shared memory one program may use, SMs / CUs)
 GPUS = {
@@ -79,19 +79,7 @@ def mi300_extras() -> list[dict]:
         attention_variant("MI300X invariant decode split", max_k=32768, lse=True, invariant=True, device_index=0),
         attention_variant("MI300X invariant prefill fold", max_q=512, sinks=True, invariant=True, device_index=0),
     ]
-    merge_ptrs = {p: torch.float32 for p in ("lse_a_ptr", "lse_b_ptr", "lse_ptr")}
-    merge_ptrs |= {p: torch.bfloat16 for p in ("out_a_ptr", "out_b_ptr", "out_ptr")}
-    merge_consts = {"HEAD_DIM": 128, "BLOCK_D": 128}
-    results.append({"name": "MI300X merge_attn_states", "shared": _compile(
-        merge._merge_attn_states_kernel, merge_ptrs, (), merge_consts, {"num_warps": 1})})  # fmt: skip
-    bf16, f32 = torch.bfloat16, torch.float32
-    cache_ptrs = {"key_ptr": bf16, "value_ptr": bf16, "k_cache_ptr": fp8, "v_cache_ptr": fp8,
-                  "slot_mapping_ptr": torch.int64, "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
-    # (e4m3fnuz's largest finite value is 240.)
-    cache_consts = dict(PAGE_SIZE=16, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_H=8, BLOCK_D=128, BLOCK_DV=128,
-                        HAS_K_SCALE=True, HAS_V_SCALE=True, K_SATURATE=240.0, V_SATURATE=240.0)  # fmt: skip
-    results.append({"name": "MI300X reshape_and_cache fp8", "shared": _compile(
-        cache._reshape_and_cache_kernel, cache_ptrs, (), cache_consts, {"num_warps": 4})})  # fmt: skip
+    results += other_kernels("MI300X ", fp8)
     return [r | {"limit": limit} for r in results]
 
 

@@ -19,20 +19,26 @@ from pathlib import Path
 
 from .compile_sm90 import SM90_SHARED_BYTES
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _compiled(*command: str):
+    """The JSON that ``python -m <command>`` prints, run without the interpreter (which compiles nothing)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", *command], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=1800)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
 
 def test_kernels_compile_for_sm90_within_shared_memory():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-m", "tests.compile_sm90"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=1200)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = _compiled("tests.compile_sm90")
     assert len(results) >= 12
     for r in results:
         used = [v for k, v in r.items() if k.endswith("shared")]
         assert used and all(0 <= v <= SM90_SHARED_BYTES for v in used), r
     # Every shipped H200 table entry was compiled with its own tuned config.
-    shipped = json.loads((root / "triton_paged_ops" / "configs" / "nvidia_h200.json").read_text())
+    shipped = json.loads((ROOT / "triton_paged_ops" / "configs" / "nvidia_h200.json").read_text())
     entries = [(t["gpu"], e) for t in shipped["tables"] for e in t["entries"]]
     names = {r["name"]: r["plan"] for r in results if "plan" in r}
     for gpu, e in entries:
@@ -81,12 +87,7 @@ def test_loop_statistics_count_each_backward_branch_body():
 def test_sass_statistics_of_the_h200_prefill_variant():
     """``python -m benchmarks.sass`` compiles the H200 prefill variant and reports its loops: the KV-tile loops
     hold tensor-core MMAs and exp2s, the kernel fits the register file and the shared memory."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-m", "benchmarks.sass", "--regime", "prefill", "--json"], cwd=root,
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    stats = json.loads(done.stdout)
+    stats = _compiled("benchmarks.sass", "--regime", "prefill", "--json")
     assert "'BLOCK_M': 256" in stats["variant"] and 0 < stats["registers"] <= 255
     assert 0 < stats["shared_bytes"] <= SM90_SHARED_BYTES
     assert any(row["mma"] > 0 and row["exp2"] >= 64 for row in stats["loops"]), stats["loops"]
@@ -96,12 +97,7 @@ def test_kernels_compile_for_other_gpus_within_their_shared_memory():
     """GPUs no shipped table names (AMD MI300 with 64 KiB of LDS, a 99 KiB sm_89 GPU, an A100) take the heuristic
     fitted to their shared memory: every variant compiles through Triton's backend for that GPU and fits it, and
     the 16-bit tiles that already fitted were left as they were."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, "-m", "tests.compile_targets"], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=1800)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout)
+    results = _compiled("tests.compile_targets")
     assert len(results) == 3 * 18 + 7
     for r in results:
         used = [v for k, v in r.items() if k.endswith("shared")]
