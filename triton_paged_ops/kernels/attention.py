@@ -686,9 +686,8 @@ def select_attention_config(
         # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
         cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
     elif not interpret and device_index is not None:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        cfg = _fit_shared_memory(cfg, head_dim_pad, itemsize, max(16, group_pad), max_shared_memory(device_index),
-                                 device_is_amd(device_index))  # fmt: skip
+        cfg = _fit_shared_memory(cfg, head_dim_pad, dtype.itemsize, max(16, group_pad),
+                                 max_shared_memory(device_index), device_is_amd(device_index))  # fmt: skip
     # Decode programs with KV heads fastest read a page's heads at about the same time: +2% on the large bf16
     # decode cases (H200), within noise on the small ones, -1-2% with fp8 caches (NOTES v14). Order 4 adds the
     # longest-work-first segment order: +2.7% on a ragged batch, the same elsewhere (NOTES v16); with fp8 caches'
