@@ -189,8 +189,9 @@ def main() -> int:
     with attention.attention_config_override(mixed_order=2):
         results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0,
                                          decode_tail=True))  # fmt: skip
-    # Taller tiles' page ids a tile ahead (``ids_ahead`` 2): where the third K/V stage fits (D128, a mixed launch
-    # with its one-token rows, page 1), and D256, where it would not (the launch keeps them in the iteration).
+    # Taller tiles' page ids a tile ahead (``ids_ahead`` 2, the H200 table's D64/D128 prefill form): where the third
+    # K/V stage fits (D128, a mixed launch with its one-token rows), not at D256, where it would not, nor at page 1
+    # (those launches keep the ids in the iteration).
     with attention.attention_config_override(ids_ahead=2):
         results.append(attention_variant("prefill page ids ahead", max_q=512, device_index=0, sinks=True))
         results.append(attention_variant("prefill page ids ahead page 1", max_q=512, device_index=0, page_size=1))

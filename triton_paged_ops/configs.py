@@ -71,7 +71,8 @@ GUARD_KEYS = ("page_guard",)
 # Online softmax: 1 the accumulator multiply skipped in tiles where no row's max moved (a CTA-wide test and branch),
 # 2 done every tile, 3 done every tile with the row sums taken on the tensor cores from the rounded P of P @ V.
 # Page ids of taller tiles over pages of 16+ keys that divide the tile: 1 one load per key, 2 one per page.
-# When taller tiles' unmasked gathers load a tile's page ids: 1 in its own iteration, 2 one tile ahead.
+# When taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids: 1 in its own iteration, 2 one
+# tile ahead.
 LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead")
 # Keys that choose between two forms (1 or 2).
 SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",

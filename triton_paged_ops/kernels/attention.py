@@ -613,8 +613,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     one tile shared by all warps, 2 one run of keys per warp where the launch allows it), and the dispatch order of a
     launch whose caller says its batch ends in one-token sequences (``decode_tail`` > 0; ``mixed_order``: 1 the batch's
     order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of 16+ keys
-    divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers load a tile's
-    page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead).
+    divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers over pages
+    of 16+ keys load a tile's page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -742,10 +742,11 @@ def select_attention_config(
     # page 16: prefill 1x8k / 4x2k -2%, D256 -10%, short queries -3%, but D64 +4% (its loop grows: sm_90 SASS per
     # tile 945 -> 1025 instructions where D128's falls 760 -> 735; NOTES v31).
     cfg.setdefault("page_ids", 2 if head_dim_pad >= 128 else 1)
-    # Taller tiles' unmasked gathers: a tile's page ids loaded in its own iteration (1), or a tile ahead (2: the
-    # pipeliner then gives the ids' loads no stage of their own, so K/V copies run two tiles ahead instead of one;
-    # sm_90 SASS for D128 prefill: 3 K/V stages, 164 KB of shared memory, but 13 spills per tile. Not measured yet
-    # (NOTES v33).)
+    # Taller tiles' unmasked gathers over pages of 16+ keys: a tile's page ids loaded in its own iteration (1), or a
+    # tile ahead (2: the pipeliner then gives the ids' loads no stage of their own, so K/V copies run two tiles ahead
+    # instead of one). H200 (its table takes 2 at D64/D128): prompts and the mixed batch -2..-7% (NOTES v36). Off in
+    # the heuristic: the third K/V stage it brings is what pays, and other GPUs' shared memory and pipelines were
+    # not measured.
     cfg.setdefault("ids_ahead", 1)
     if _config_override:
         cfg.update(_config_override)
@@ -1550,8 +1551,9 @@ def _cached_launch_plan(
         DECODE_ORDER=cfg["decode_order"], CLAMP_PAGES=cfg["page_guard"] == 2, KV_DESC=kv_desc,
         NARROW_OFFSETS=narrow_offsets and cfg["kv_offsets"] == 2,
         QK_AHEAD=cfg["qk_ahead"] == 2 and block_q > 1 and not batch_invariant,
-        # (Only where the third stage of K/V buffers that it brings fits: D256 tiles would need 262 KB.)
-        IDS_AHEAD=(cfg["ids_ahead"] == 2 and block_q > 1
+        # (Only over pages of 16+ keys: at page 1 the H200's 4x2k prompts ran 5% slower with it, NOTES v36; and
+        # only where the third stage of K/V buffers that it brings fits: D256 tiles would need 262 KB.)
+        IDS_AHEAD=(cfg["ids_ahead"] == 2 and block_q > 1 and page_size >= 16
                    and (interpret or _copies_fit(cfg, head_dim, head_dim_v, cache_dtype.itemsize, device_index))),
         MERGE_IN_KERNEL=merge_in_kernel, SEQUENTIAL_MERGE=merge_in_kernel and batch_invariant,
         FINAL_LSE=merge_in_kernel and want_lse, LAUNCH_DEPENDENTS=dependent,
