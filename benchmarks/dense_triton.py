@@ -1,4 +1,5 @@
-"""Dense Triton ceiling for causal prefill: ``python -m benchmarks.dense_triton [--out FILE]`` (needs a CUDA GPU).
+"""Dense Triton ceiling for causal prefill: ``python -m benchmarks.dense_triton [--only TEXT ...] [--out FILE]``
+(needs a CUDA GPU).
 
 What a plain Triton flash-attention kernel reaches on the same GPU and Triton version with no paging at all:
 contiguous ``[B, H, N, D]`` tensors as dense SDPA takes them, K/V tiles read through tensor descriptors (TMA on
@@ -7,7 +8,9 @@ accumulation, unmasked tiles below the diagonal, masked diagonal tiles, longest 
 of a sweep runs beside the paged kernel (``tpa``, its shipped config, pages randomly permuted) and dense SDPA on
 the same causal prefill shapes (bf16, Hq32/Hkv8/D128), all CUDA-graph replay medians from one run. So the gap
 between the paged kernel and SDPA splits into what paging costs (paged vs this kernel) and what a Triton kernel
-reaches at all on this stack (this kernel vs SDPA).
+reaches at all on this stack (this kernel vs SDPA). The ``flat`` variants compute the same from a persistent grid
+whose programs walk all their query blocks' KV tiles in one loop, so K/V loads continue across block boundaries:
+what the per-block costs (q load, pipeline fill, epilogue) amount to on the same tiles.
 """
 
 from __future__ import annotations
@@ -98,6 +101,112 @@ def _dense_causal_kernel(
     tl.store(out_ptr + q_rows[:, None] * HEAD_DIM + offs_d[None, :], out)
 
 
+@triton.jit
+def _block_rows(
+    item, num_items_per_block, seq_len, num_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, TOKENS: tl.constexpr,
+    ROWS_PER_TOKEN: tl.constexpr, PACK: tl.constexpr, NUM_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """Work item ``item`` of the persistent kernel: its query block (the blocks that see the most keys first), the
+    rows' token positions, their q rows and the KV head's first row."""
+    block = NUM_BLOCKS - 1 - item // num_items_per_block
+    bh = item % num_items_per_block
+    rows = tl.arange(0, BLOCK_M)
+    tok = block * TOKENS + rows // ROWS_PER_TOKEN
+    if PACK:
+        batch = bh // (num_heads // GROUP)
+        head = (bh % (num_heads // GROUP)) * GROUP + rows % GROUP
+        kv_bh = bh
+    else:
+        batch = bh // num_heads
+        head = bh % num_heads + rows * 0
+        kv_bh = batch * (num_heads // GROUP) + (bh % num_heads) // GROUP
+    q_rows = (batch * num_heads + head).to(tl.int64) * seq_len + tok
+    return block, tok, q_rows, kv_bh.to(tl.int64) * seq_len
+
+
+@triton.jit
+def _dense_causal_flat_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, qk_scale, seq_len, num_heads, num_items_per_block, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr,
+    NUM_BLOCKS: tl.constexpr,
+):  # fmt: skip
+    """The same attention as ``_dense_causal_kernel`` (pointer loads), from a persistent grid: program p takes work
+    items p, p + P, ... (a query block of one head, or with ``PACK`` of a KV head's query heads) and walks all of
+    their KV tiles in ONE loop, so the compiler's pipeline keeps loading K/V across the end of one block and the
+    start of the next (a block's state is reset and its q loaded at its first tile, its output stored at its last).
+    Triton's own loop flattening (``tl.range(flatten=True)``) does not apply: the causal trip count depends on the
+    block."""
+    ROWS_PER_TOKEN: tl.constexpr = GROUP if PACK else 1
+    TOKENS: tl.constexpr = BLOCK_M // ROWS_PER_TOKEN
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    num_items = NUM_BLOCKS * num_items_per_block
+    total = 0
+    for item in range(pid, num_items, programs):
+        block = NUM_BLOCKS - 1 - item // num_items_per_block
+        total += (block * TOKENS + TOKENS + BLOCK_N - 1) // BLOCK_N
+    offs_d = tl.arange(0, HEAD_DIM)
+    item = pid
+    tile = 0
+    block, tok, q_rows, kv_row0 = _block_rows(item, num_items_per_block, seq_len, num_heads, GROUP, BLOCK_M, TOKENS,
+                                              ROWS_PER_TOKEN, PACK, NUM_BLOCKS)  # fmt: skip
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    q = tl.zeros([BLOCK_M, HEAD_DIM], dtype=q_ptr.dtype.element_ty)
+    for _ in tl.range(0, total):
+        if tile == 0:
+            q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + offs_d[None, :])
+        start_n = tile * BLOCK_N
+        kv_off = (kv_row0 + start_n + tl.arange(0, BLOCK_N))[:, None] * HEAD_DIM + offs_d[None, :]
+        k = tl.load(k_ptr + kv_off)
+        v = tl.load(v_ptr + kv_off)
+        s = tl.dot(q, tl.trans(k))
+        if start_n + BLOCK_N > block * TOKENS:  # a tile that reaches the diagonal
+            s = tl.where((start_n + tl.arange(0, BLOCK_N))[None, :] <= tok[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+        if start_n + BLOCK_N >= block * TOKENS + TOKENS:  # the block's last tile: store, then the next item
+            tl.store(
+                out_ptr + q_rows[:, None] * HEAD_DIM + offs_d[None, :],
+                (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
+            )
+            m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+            item += programs
+            tile = 0
+            block, tok, q_rows, kv_row0 = _block_rows(item, num_items_per_block, seq_len, num_heads, GROUP, BLOCK_M,
+                                                      TOKENS, ROWS_PER_TOKEN, PACK, NUM_BLOCKS)  # fmt: skip
+        else:
+            tile += 1
+
+
+def dense_causal_flat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block_m: int, block_n: int,
+                      num_warps: int, num_stages: int, pack: bool = False, programs: int = 0,
+                      out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """``dense_causal`` (pointer loads) from a persistent grid of ``programs`` programs (0: one per SM) that walk
+    their query blocks' KV tiles in one loop (``_dense_causal_flat_kernel``); into ``out`` (like ``q``) if given."""
+    b, h, n, d = q.shape
+    group = h // k.shape[1] if h % k.shape[1] == 0 else 0
+    tokens = block_m // group if pack and group else block_m
+    if not group or n % tokens or n % block_n or tokens % block_n or (pack and block_m % group):
+        raise ValueError("H must be a multiple of Hkv, N of the block's tokens, and those of block_n")
+    out = torch.empty_like(q) if out is None else out
+    items = b * (k.shape[1] if pack else h)
+    if not programs:
+        programs = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    _dense_causal_flat_kernel[(min(programs, items * (n // tokens)),)](
+        q, k, v, out, scale * LOG2E, n, h, items, GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n,
+        PACK=pack, NUM_BLOCKS=n // tokens, num_warps=num_warps, num_stages=num_stages,
+    )  # fmt: skip
+    return out
+
+
 def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block_m: int, block_n: int,
                  num_warps: int, num_stages: int, use_desc: bool, pack: bool = False,
                  lazy: bool = False) -> torch.Tensor:  # fmt: skip
@@ -127,9 +236,12 @@ TILES = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (
 VARIANTS = [(*t, desc, False, False) for t in TILES for desc in (True, False)]
 VARIANTS += [(256, 64, 8, 3, False, pack, lazy) for pack, lazy in ((True, False), (False, True), (True, True))]
 VARIANTS += [(128, 128, 8, 3, desc, True, False) for desc in (True, False)]
+# The persistent one-loop form (``flat``) beside its per-block twins above: (block_m, block_n, warps, stages, pack).
+FLAT_VARIANTS = [(128, 64, 8, 3, False), (256, 64, 8, 3, True), (128, 128, 8, 3, True)]
 
 
-def run(seed: int = 0) -> tuple[dict, str]:
+def run(seed: int = 0, only: list[str] | None = None) -> tuple[dict, str]:
+    """Every variant (those whose name contains one of ``only``, if given) beside the paged kernel and SDPA."""
     from triton_paged_ops.bench import Case, _git_sha, run_suite, time_graph
 
     num_heads, num_kv_heads, head_dim = 32, 8, 128
@@ -146,17 +258,21 @@ def run(seed: int = 0) -> tuple[dict, str]:
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True,
                                                                scale=scale, enable_gqa=True)  # fmt: skip
         flops = 4 * b * num_heads * head_dim * n * (n + 1) / 2  # causal pairs
-        for bm, bn, warps, stages, desc, pack, lazy in VARIANTS:
-            who = f"dense {bm}x{bn}/{warps}w/{stages}s/{'desc' if desc else 'ptr'}"
-            who += "/pack" * pack + "/lazy" * lazy
-            c = (bm, bn, warps, stages, desc, pack, lazy)
+        variants = [(f"dense {bm}x{bn}/{w}w/{st}s/{'desc' if desc else 'ptr'}" + "/pack" * pack + "/lazy" * lazy,
+                     dense_causal, (bm, bn, w, st, desc, pack, lazy))
+                    for bm, bn, w, st, desc, pack, lazy in VARIANTS]  # fmt: skip
+        variants += [(f"flat {bm}x{bn}/{w}w/{st}s/ptr" + "/pack" * pack, dense_causal_flat, (bm, bn, w, st, pack))
+                     for bm, bn, w, st, pack in FLAT_VARIANTS]  # fmt: skip
+        for who, fn, c in variants:
+            if only and not any(o in who for o in only):
+                continue
             try:
-                out = dense_causal(q, k, v, scale, *c)
+                out = fn(q, k, v, scale, *c)
             except Exception as exc:  # (a config whose shared memory does not fit: reported, not fatal)
                 lines.append(f"{who:<34} {name:<14} failed: {type(exc).__name__}: {str(exc)[:80]}")
                 continue
             err = ((out.float() - ref).norm() / ref.norm()).item()
-            us = time_graph(lambda q=q, k=k, v=v, c=c: dense_causal(q, k, v, scale, *c))
+            us = time_graph(lambda q=q, k=k, v=v, c=c, fn=fn: fn(q, k, v, scale, *c))
             rows.append({"case": name, "provider": who, "us": us, "tflops": flops / us / 1e6, "rel_err": err})
             lines.append(f"{who:<34} {name:<14} {us:>9.1f} µs {flops / us / 1e6:>7.1f} TFLOP/s  rel err {err:.1e}")
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
@@ -167,13 +283,14 @@ def run(seed: int = 0) -> tuple[dict, str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.dense_triton", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="tpa_dense_triton.json", help="JSON file to write")
+    p.add_argument("--only", nargs="+", metavar="TEXT", help="only the variants whose name contains one of these")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     from triton_paged_ops.bench import finish
 
-    result, text = run()
+    result, text = run(only=args.only)
     finish(result, text, args.out, "benchmarks.dense_triton", argv)
     return 0
 
