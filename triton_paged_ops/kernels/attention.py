@@ -725,8 +725,8 @@ def select_attention_config(
     # Online softmax: the accumulator's multiply skipped where no row's running max moved (1: a CTA-wide test and a
     # branch per tile) or done every tile (2). On the H200 skipping wins on D128/D256 prefill and decode (the
     # multiply costs 128 FMULs per thread per 256-row tile), multiplying wins on D64 prefill (+6%; NOTES v22, v29).
-    # 3: every tile, the row sums taken from the rounded P on the tensor cores (sm_90 SASS for D128 prefill: no
-    # spills and 645 instructions per tile against 735; not measured yet, NOTES v34).
+    # 3: every tile, the row sums taken from the rounded P on the tensor cores (fewer instructions, no spills, but
+    # H200 prompts +10-12%: the sums' MMA round trip sits on each tile's serial path; NOTES v34, v36).
     cfg.setdefault("acc_rescale", 1)
     # One-token rows of a launch of taller tiles: each KV tile shared by all warps (1: ~9 CTA barriers per tile, the
     # row reductions cross the warps, and one tile in flight), or cut into one run of keys per warp (2), each run
