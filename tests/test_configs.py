@@ -186,6 +186,33 @@ def test_tune_keeps_the_baseline_when_nothing_beats_it(tables):
     assert select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) == baseline
 
 
+@pytest.mark.skipif(not INTERPRET, reason="tiny interpreter grid; GPU tuning is recorded separately")
+def test_tune_writes_the_table_options_its_winner_ran_with(tables):
+    """Candidates set tiles only and run over the table entry's other keys (here a shipped ``page_guard`` 1 and a
+    split bound): the entry written for the winner must hold them too, or lookups would give another config than
+    the one measured."""
+    _, shipped = tables
+    (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32, page_guard=1, max_segment=1024)])))
+    configs.reload()
+    seen = []
+
+    def timer(fn, cfg):
+        fn()
+        seen.append((cfg, select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)))
+        return float(_cost(cfg))
+
+    records = tune([torch.float16], [64], ["decode"], num_q_heads=4, num_kv_heads=2, page_size=16, device="cpu",
+                   stream=io.StringIO(), timer=timer)  # fmt: skip
+    want = min(candidates("decode", True, False), key=_cost)
+    written = configs.lookup(None, "float16", 64, "decode")
+    assert written == {"BLOCK_N": 32, "num_warps": 4, "page_guard": 1, "max_segment": 1024, **want}
+    assert records[0]["winner"] == written
+    # The candidates did run with the shipped options, and lookups now give exactly the config the winner ran as.
+    assert all(run["page_guard"] == 1 and run["max_segment"] == 1024 for cfg, run in seen if cfg)
+    ran = [run for cfg, run in seen if cfg == want]
+    assert ran and all(run == select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) for run in ran)
+
+
 def test_tune_command_line_arguments(tables, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["tune", "--dtype", "int8"])

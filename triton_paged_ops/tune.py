@@ -214,6 +214,7 @@ def tune(
             records.append({"group": group.label(), "skipped": True})
             continue
         inputs = [build_inputs(c, seed=i, device=device) for i, c in enumerate(cases)]
+        base = _table_entry(group, interpret, device)
         totals = []
         for cand in cands:
             totals.append(_measure(cand, inputs, timer))
@@ -240,7 +241,9 @@ def tune(
             for i in finalists:
                 final[i] += _measure(cands[i], inputs, timer) / FINAL_ROUNDS
         winner = min(finalists, key=lambda i: (final[i], i))
-        best, config = final[winner], cands[winner]
+        # What the winner ran as: its keys over the table entry's (launch options a candidate does not set, e.g. the
+        # H200 prefill entries' ``ids_ahead``); the entry written replaces that one, so it must carry them too.
+        best, config = final[winner], {**base, **cands[winner]}
         if baseline < best:
             # Nothing measured beats the shipped table / heuristic: write that config itself, so the group counts
             # as tuned and lookups keep giving it.
@@ -255,6 +258,17 @@ def tune(
     configs.reload()
     stream.write(f"configs written to {out}\n")
     return records
+
+
+def _table_entry(group: Group, interpret: bool, device: str) -> dict:
+    """The table entry (the user's, else the shipped one; {} if none) that a candidate's keys are laid over while
+    it is measured, as ``select_attention_config`` finds it (``decode_large`` falls back to ``decode``)."""
+    index = None if interpret else torch.device(device).index or 0
+    head_dim = configs.padded_head_dim(group.head_dim)
+    entry = configs.lookup(index, group.key(), head_dim, group.regime)
+    if entry is None and group.regime == "decode_large":
+        entry = configs.lookup(index, group.key(), head_dim, "decode")
+    return entry or {}
 
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
