@@ -28,6 +28,25 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _block_rows(block, bh, seq_len, num_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, PACK: tl.constexpr):
+    """Rows of query block ``block`` of ``bh`` (a (batch, head) pair, or with ``PACK`` a (batch, KV head) pair): their
+    token positions, their q rows in the [B * H * N, D] view, and the KV head's first row."""
+    ROWS_PER_TOKEN: tl.constexpr = GROUP if PACK else 1
+    rows = tl.arange(0, BLOCK_M)
+    tok = block * (BLOCK_M // ROWS_PER_TOKEN) + rows // ROWS_PER_TOKEN
+    if PACK:
+        batch = bh // (num_heads // GROUP)
+        head = (bh % (num_heads // GROUP)) * GROUP + rows % GROUP
+        kv_bh = bh
+    else:
+        batch = bh // num_heads
+        head = bh % num_heads + rows * 0
+        kv_bh = batch * (num_heads // GROUP) + (bh % num_heads) // GROUP
+    q_rows = (batch * num_heads + head).to(tl.int64) * seq_len + tok
+    return tok, q_rows, kv_bh.to(tl.int64) * seq_len
+
+
+@triton.jit
 def _dense_causal_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, qk_scale, seq_len, num_heads, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_DESC: tl.constexpr, PACK: tl.constexpr, LAZY: tl.constexpr,
@@ -40,18 +59,7 @@ def _dense_causal_kernel(
     ROWS_PER_TOKEN: tl.constexpr = GROUP if PACK else 1
     TOKENS: tl.constexpr = BLOCK_M // ROWS_PER_TOKEN
     block = seq_len // TOKENS - 1 - tl.program_id(0)  # the blocks that see the most keys start first
-    rows = tl.arange(0, BLOCK_M)
-    tok = block * TOKENS + rows // ROWS_PER_TOKEN
-    if PACK:
-        kv_bh = tl.program_id(1)
-        batch = kv_bh // (num_heads // GROUP)
-        head = (kv_bh % (num_heads // GROUP)) * GROUP + rows % GROUP
-    else:
-        batch = tl.program_id(1) // num_heads
-        head = tl.program_id(1) % num_heads + rows * 0
-        kv_bh = batch * (num_heads // GROUP) + (tl.program_id(1) % num_heads) // GROUP
-    q_rows = (batch * num_heads + head).to(tl.int64) * seq_len + tok
-    kv_row0 = kv_bh.to(tl.int64) * seq_len
+    tok, q_rows, kv_row0 = _block_rows(block, tl.program_id(1), seq_len, num_heads, GROUP, BLOCK_M, PACK)
     offs_d = tl.arange(0, HEAD_DIM)
     if USE_DESC:
         kv_rows = (tl.num_programs(1) // (1 if PACK else GROUP)) * seq_len
@@ -102,29 +110,6 @@ def _dense_causal_kernel(
 
 
 @triton.jit
-def _block_rows(
-    item, num_items_per_block, seq_len, num_heads, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, TOKENS: tl.constexpr,
-    ROWS_PER_TOKEN: tl.constexpr, PACK: tl.constexpr, NUM_BLOCKS: tl.constexpr,
-):  # fmt: skip
-    """Work item ``item`` of the persistent kernel: its query block (the blocks that see the most keys first), the
-    rows' token positions, their q rows and the KV head's first row."""
-    block = NUM_BLOCKS - 1 - item // num_items_per_block
-    bh = item % num_items_per_block
-    rows = tl.arange(0, BLOCK_M)
-    tok = block * TOKENS + rows // ROWS_PER_TOKEN
-    if PACK:
-        batch = bh // (num_heads // GROUP)
-        head = (bh % (num_heads // GROUP)) * GROUP + rows % GROUP
-        kv_bh = bh
-    else:
-        batch = bh // num_heads
-        head = bh % num_heads + rows * 0
-        kv_bh = batch * (num_heads // GROUP) + (bh % num_heads) // GROUP
-    q_rows = (batch * num_heads + head).to(tl.int64) * seq_len + tok
-    return block, tok, q_rows, kv_bh.to(tl.int64) * seq_len
-
-
-@triton.jit
 def _dense_causal_flat_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, qk_scale, seq_len, num_heads, num_items_per_block, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr,
@@ -148,8 +133,8 @@ def _dense_causal_flat_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     item = pid
     tile = 0
-    block, tok, q_rows, kv_row0 = _block_rows(item, num_items_per_block, seq_len, num_heads, GROUP, BLOCK_M, TOKENS,
-                                              ROWS_PER_TOKEN, PACK, NUM_BLOCKS)  # fmt: skip
+    block = NUM_BLOCKS - 1 - item // num_items_per_block  # the blocks that see the most keys first
+    tok, q_rows, kv_row0 = _block_rows(block, item % num_items_per_block, seq_len, num_heads, GROUP, BLOCK_M, PACK)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -180,8 +165,9 @@ def _dense_causal_flat_kernel(
             acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
             item += programs
             tile = 0
-            block, tok, q_rows, kv_row0 = _block_rows(item, num_items_per_block, seq_len, num_heads, GROUP, BLOCK_M,
-                                                      TOKENS, ROWS_PER_TOKEN, PACK, NUM_BLOCKS)  # fmt: skip
+            block = NUM_BLOCKS - 1 - item // num_items_per_block
+            tok, q_rows, kv_row0 = _block_rows(block, item % num_items_per_block, seq_len, num_heads, GROUP, BLOCK_M,
+                                               PACK)  # fmt: skip
         else:
             tile += 1
 

@@ -256,6 +256,14 @@ def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str)
     return dict(cfg) if cfg else None
 
 
+def regime_entry(device_index: int | None, dtype: str, head_dim_pad: int, regime: str) -> dict | None:
+    """``lookup`` of a regime's entry, ``decode_large`` falling back to the ``decode`` one (a table without it)."""
+    entry = lookup(device_index, dtype, head_dim_pad, regime)
+    if entry is None and regime == "decode_large":
+        entry = lookup(device_index, dtype, head_dim_pad, "decode")
+    return entry
+
+
 def write_entry(path: Path, gpu: str, capability: str, dtype: str, head_dim: int, regime: str, config: dict,
                 extra: dict | None = None) -> None:  # fmt: skip
     """Add or replace one entry in a config file (created if needed; a corrupt file is replaced), atomically."""

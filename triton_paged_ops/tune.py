@@ -262,13 +262,9 @@ def tune(
 
 def _table_entry(group: Group, interpret: bool, device: str) -> dict:
     """The table entry (the user's, else the shipped one; {} if none) that a candidate's keys are laid over while
-    it is measured, as ``select_attention_config`` finds it (``decode_large`` falls back to ``decode``)."""
+    it is measured, as ``select_attention_config`` finds it."""
     index = None if interpret else torch.device(device).index or 0
-    head_dim = configs.padded_head_dim(group.head_dim)
-    entry = configs.lookup(index, group.key(), head_dim, group.regime)
-    if entry is None and group.regime == "decode_large":
-        entry = configs.lookup(index, group.key(), head_dim, "decode")
-    return entry or {}
+    return configs.regime_entry(index, group.key(), configs.padded_head_dim(group.head_dim), group.regime) or {}
 
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
