@@ -1,5 +1,5 @@
 """Instruction statistics of an attention variant's loops, compiled for sm_90 without a GPU:
-``python -m benchmarks.sass [--regime {decode,short,prefill}] [--head-dim D] [--page-size P] [--config JSON]
+``python -m benchmarks.sass [--regime {decode,short,prefill,prompts}] [--head-dim D] [--page-size P] [--config JSON]
 [--json]``.
 
 Compiles the kernel variant a launch would get on an H200 (the planner with the shipped H200 table; ``--config``
@@ -27,7 +27,7 @@ import triton
 from tests import compile_sm90
 from triton_paged_ops.kernels import attention
 
-MAX_Q = {"decode": 1, "short": 8, "prefill": 512}
+MAX_Q = {"decode": 1, "short": 8, "prefill": 512, "prompts": 512}  # prompts: prefill said to hold no decodes
 # Column: opcode prefixes counted in it.
 COLUMNS = {
     "mma": ("HGMMA", "HMMA"),
@@ -71,7 +71,8 @@ def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> d
     compile_sm90.COMPILED.clear()
     with attention.attention_config_override(**config):
         variant = compile_sm90.attention_variant(regime, head_dim=head_dim, max_q=MAX_Q[regime], max_k=8192,
-                                                 page_size=page_size, device_index=0)  # fmt: skip
+                                                 page_size=page_size, device_index=0,
+                                                 decode_tail=0 if regime == "prompts" else -1)  # fmt: skip
     kernel = compile_sm90.COMPILED[0]
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

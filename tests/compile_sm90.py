@@ -55,7 +55,7 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: d
 def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=128, group=4, num_seqs=4, max_q=1,
                       max_k=8192, window=-1, softcap=0.0, alibi=False, sinks=False, scales=False, rows=False,
                       lse=False, invariant=False, device_index=None, page_size=16,
-                      decode_tail=False) -> dict:  # fmt: skip
+                      decode_tail=-1) -> dict:  # fmt: skip
     cache_dtype = cache_dtype or dtype
     lp = attention.attention_launch_plan(
         num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype,
@@ -132,13 +132,15 @@ def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
         for e in table["entries"]:
             dtype, _, cache = e["dtype"].partition("+")
             cache_dtype = getattr(torch, cache) if cache else None
-            max_q = {"decode": 1, "decode_large": 1, "short": 8, "prefill": 512}[e["regime"]]
-            # decode_large: a batch with one (sequence, KV head) pair per SM (the variants take 8 KV heads).
+            max_q = {"decode": 1, "decode_large": 1, "short": 8, "prefill": 512, "prompts": 512}[e["regime"]]
+            # decode_large: a batch with one (sequence, KV head) pair per SM (the variants take 8 KV heads); prompts:
+            # a prefill launch said to hold no one-token sequence.
             num_seqs = -(-num_sms // 8) if e["regime"] == "decode_large" else 4
             name = f"{table['gpu']} {e['dtype']} D{e['head_dim']} {e['regime']}"
             results.append(attention_variant(name, dtype=getattr(torch, dtype), cache_dtype=cache_dtype,
                                              head_dim=e["head_dim"], max_q=max_q, scales=cache_dtype is not None,
-                                             device_index=0, num_seqs=num_seqs))  # fmt: skip
+                                             device_index=0, num_seqs=num_seqs,
+                                             decode_tail=0 if e["regime"] == "prompts" else -1))  # fmt: skip
     return results
 
 
@@ -188,7 +190,7 @@ def main() -> int:
     # A one-token tail's blocks alternating with the chunks' (``mixed_order`` 2, a caller's ``decode_tail`` hint).
     with attention.attention_config_override(mixed_order=2):
         results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0,
-                                         decode_tail=True))  # fmt: skip
+                                         decode_tail=1))  # fmt: skip
     # Taller tiles' page ids a tile ahead (``ids_ahead`` 2, the H200 table's D64/D128 prefill form): where the third
     # K/V stage fits (D128, a mixed launch with its one-token rows), not at D256, where it would not, nor at page 1
     # (those launches keep the ids in the iteration).

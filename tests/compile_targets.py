@@ -75,7 +75,7 @@ def mi300_extras() -> list[dict]:
             device_index=0,
             **every_feature,
         ),  # fmt: skip
-        attention_variant("MI300X prefill mixed batch", max_q=512, sinks=True, device_index=0, decode_tail=True),
+        attention_variant("MI300X prefill mixed batch", max_q=512, sinks=True, device_index=0, decode_tail=1),
         attention_variant("MI300X invariant decode split", max_k=32768, lse=True, invariant=True, device_index=0),
         attention_variant("MI300X invariant prefill fold", max_q=512, sinks=True, invariant=True, device_index=0),
     ]

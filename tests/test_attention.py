@@ -295,9 +295,9 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
     assert all(not c.any() for k, c in attention._scratch_buffers().items() if k[0] == "merge_counts")
 
 
-def _launch_plan(p, batch_invariant: bool = False, decode_tail: bool = False):
-    """The launch plan a call on the built batch ``p`` (no scales or row indirection) gets (``decode_tail``: with a
-    hint > 0)."""
+def _launch_plan(p, batch_invariant: bool = False, decode_tail: int = -1):
+    """The launch plan a call on the built batch ``p`` (no scales or row indirection) gets (``decode_tail``: with
+    that hint)."""
     spec = p.spec
     return attention_launch_plan(
         num_q_heads=spec.num_kv_heads * spec.group, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
@@ -464,6 +464,42 @@ def test_matches_reference_large_bf16(spec):
     out, lse = run_out_variant(p)
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+
+
+@pytest.mark.gpu
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_prompt_batches_said_to_hold_no_decodes(data):
+    """Prefill batches passed with ``decode_tail`` 0 take the table's ``prompts`` entry where it has one (the
+    H200's bf16 D128 entry: 16-warp programs): whole prompts and chunks on a prefix, pages of 1, 16 and 64 keys,
+    sinks, padding rows, against the reference (NaN-poisoned outputs), with the entry's tiles."""
+    from triton_paged_ops import configs
+
+    batch = data.draw(st.integers(1, 5))
+    q_lens = data.draw(st.lists(st.integers(2, 1200), min_size=batch, max_size=batch))
+    q_lens[0] = max(q_lens[0], MAX_SPLIT_Q_LEN + 1)
+    kv_lens = [q + data.draw(st.sampled_from((0, data.draw(st.integers(1, 3000))))) for q in q_lens]
+    page_size = data.draw(st.sampled_from((1, 16, 64)))
+    gen = torch.Generator(device=DEVICE).manual_seed(data.draw(st.integers(0, 2**31 - 1)))
+    p = random_paged_batch(q_lens, kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=page_size,
+                           dtype=torch.bfloat16, device=DEVICE, generator=gen, pad_tokens=3)  # fmt: skip
+    extra = {"sinks": torch.randn(32, device=DEVICE)} if data.draw(st.booleans()) else {}
+    hint = tpa.decode_tail_of(q_lens)
+    assert hint == 0
+    lp = attention_launch_plan(
+        num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=page_size, dtype=torch.bfloat16,
+        cache_dtype=torch.bfloat16, num_seqs=batch, max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), causal=True,
+        window_left=-1, softcap=0.0, has_alibi=False, has_sinks=bool(extra), has_k_scale=False, has_v_scale=False,
+        has_rows=False, want_lse=True, device_index=torch.cuda.current_device(), interpret=False, decode_tail=hint,
+    )  # fmt: skip
+    entry = configs.regime_entry(torch.cuda.current_device(), "bfloat16", 128, "prompts")
+    if entry is not None:
+        assert lp.options["num_warps"] == entry["num_warps"]
+    out = torch.full((p.q.shape[0], 32, 128), float("nan"), dtype=p.q.dtype, device=DEVICE)
+    lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
+    tpa.paged_attention_out(*p.args, **extra, decode_tail=hint, out=out, lse=lse)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], p.scale, **extra)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, torch.bfloat16, sum(q_lens))
 
 
 @pytest.mark.gpu
@@ -721,7 +757,7 @@ def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
     p = build(spec, DEVICE)
     assert tpa.decode_tail_of(spec.q_lens) == 5
     cfg = dict(BLOCK_M=32, BLOCK_N=16)
-    for order, hint, expect in ((1, True, 1), (2, False, 1), (2, True, 2)):
+    for order, hint, expect in ((1, 5, 1), (2, -1, 1), (2, 0, 1), (2, 5, 2)):
         with attention_config_override(**cfg, mixed_order=order):
             assert _launch_plan(p, decode_tail=hint).constexprs["MIXED_ORDER"] == expect
     hints = (-1, 5, 0, 2, 7)  # unknown, right, and three wrong ones
@@ -729,7 +765,7 @@ def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
     # A lone sequence has no tail beside other work: the hint leaves its launch alone.
     one = build(dataclasses.replace(spec, q_lens=[40], kv_lens=[200]), DEVICE)
     with attention_config_override(**cfg, mixed_order=2):
-        assert _launch_plan(one, decode_tail=True).constexprs["MIXED_ORDER"] == 1
+        assert _launch_plan(one, decode_tail=1).constexprs["MIXED_ORDER"] == 1
 
 
 @pytest.mark.parametrize("page_size,block_n,split", [(16, 16, 1), (16, 16, 2), (16, 64, 1), (1, 16, 1), (64, 16, 1)])

@@ -53,13 +53,15 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     sums = [r["plan"] for r in results if "row sums on tensor cores" in r["name"]]
     assert len(sums) == 4 and all("'acc_rescale': 3" in plan for plan in sums)
     # Page ids a tile ahead where their third K/V stage fits over pages of 16+ keys: the H200 table's D64/D128
-    # prefill entries (and the launches planned as on an H200 with them), not D256, page 1 or the heuristic.
+    # prefill and prompts entries (and the launches planned as on an H200 with them), not D256, page 1 or the
+    # heuristic.
     ahead = {r["name"]: r["ids_ahead"] for r in results if r["name"].startswith("prefill page ids ahead")}
     assert ahead == {"prefill page ids ahead": True, "prefill page ids ahead page 1": False,
                      "prefill page ids ahead D256": False}, ahead  # fmt: skip
     table = {r["name"]: r["ids_ahead"] for r in results if r["name"].startswith("NVIDIA H200 bfloat16 D")}
     assert {n: a for n, a in table.items() if a} == {"NVIDIA H200 bfloat16 D64 prefill": True,
-                                                     "NVIDIA H200 bfloat16 D128 prefill": True}, table  # fmt: skip
+                                                     "NVIDIA H200 bfloat16 D128 prefill": True,
+                                                     "NVIDIA H200 bfloat16 D128 prompts": True}, table  # fmt: skip
     assert not any(r.get("ids_ahead") for r in results if r["name"] in ("prefill D256", "prefill all features"))
     # The batch-invariant split comes with its sequential reduce, by segment and by leaf (which folds leaves first).
     assert any(r["name"].startswith("invariant decode") and "reduce_shared" in r for r in results)

@@ -300,7 +300,7 @@ def test_config_override_names_a_bad_value(cfg, names):
         pass
 
 
-def _plan(num_seqs: int, max_q: int = 1, invariant: bool = False, num_kv_heads: int = 2):
+def _plan(num_seqs: int, max_q: int = 1, invariant: bool = False, num_kv_heads: int = 2, decode_tail: int = -1):
     from triton_paged_ops.kernels.attention import attention_launch_plan
 
     return attention_launch_plan(
@@ -308,7 +308,7 @@ def _plan(num_seqs: int, max_q: int = 1, invariant: bool = False, num_kv_heads: 
         dtype=torch.float16, cache_dtype=torch.float16, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=4096,
         causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False,
         has_v_scale=False, has_rows=False, want_lse=False, device_index=DEVICE_INDEX, interpret=INTERPRET,
-        batch_invariant=invariant,
+        batch_invariant=invariant, decode_tail=decode_tail,
     )  # fmt: skip
 
 
@@ -396,3 +396,31 @@ def test_heuristic_tiles_are_fitted_to_the_shared_memory(head_dim, itemsize, lim
     # A GQA group of 32 heads keeps its rows in one tile.
     cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
     assert _fit_shared_memory(cfg, 256, 4, 32, 65536, amd)["BLOCK_M"] >= 32
+
+
+def test_prompts_entry_serves_prefill_launches_said_to_hold_no_decodes(tables):
+    """A prefill launch whose caller says the batch holds no one-token sequence (``decode_tail`` 0) takes the
+    ``prompts`` entry; unknown or a decode tail, short queries and batch-invariant mode keep theirs; a table without
+    it gives its ``prefill`` entry. The launch computes the right result with the entry's tiles (poisoned output)."""
+    from triton_paged_ops.bench import Case, build_inputs, check_case
+
+    user, _ = tables
+    user.parent.mkdir()
+    prefill = {"dtype": "float16", "head_dim": 64, "regime": "prefill",
+               "config": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}}  # fmt: skip
+    user.write_text(json.dumps(_file([prefill])))
+    configs.reload()
+    tile = lambda lp: (lp.config["BLOCK_M"], lp.config["BLOCK_N"])  # noqa: E731
+    assert {tile(_plan(3, max_q=300, decode_tail=hint)) for hint in (-1, 0, 1)} == {(32, 16)}
+    prompts = {**prefill, "regime": "prompts", "config": {**prefill["config"], "BLOCK_M": 64, "BLOCK_N": 32}}
+    user.write_text(json.dumps(_file([prefill, prompts])))
+    configs.reload()
+    assert tile(_plan(3, max_q=300, decode_tail=0)) == (64, 32)
+    assert tile(_plan(3, max_q=300, decode_tail=-1)) == tile(_plan(3, max_q=300, decode_tail=2)) == (32, 16)
+    assert tile(_plan(3, max_q=MAX_SPLIT_Q_LEN, decode_tail=0)) == tile(_plan(3, max_q=MAX_SPLIT_Q_LEN))
+    assert tile(_plan(3, max_q=300, invariant=True, decode_tail=0)) == tile(_plan(3, max_q=300, invariant=True))
+    case = Case("prompts", [70, 45, 33], q_lens=[70, 20, 33], num_q_heads=4, num_kv_heads=2, head_dim=64,
+                dtype=torch.float16)  # fmt: skip
+    inp = build_inputs(case, seed=3, device=DEVICE)
+    assert inp.decode_tail == 0
+    assert check_case(inp) < 2e-3

@@ -23,27 +23,61 @@ FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_s
                 has_v_scale=False, has_rows=False, want_lse=False)  # fmt: skip
 
 
-@pytest.mark.parametrize("invariant,hints", [(False, False), (True, False), (False, True)],
-                         ids=["default", "batch_invariant", "decode_tail_hints"])  # fmt: skip
-def test_enumerated_variants_cover_random_serving_batches(invariant, hints):
-    """(With ``decode_tail`` hints, batches said to end in one-token sequences too: mixed batches' variants.)"""
+@pytest.mark.parametrize("invariant,hints,prompts", [(False, False, False), (True, False, False),
+                                                     (False, True, False), (False, True, True), (True, True, True)],
+                         ids=["default", "batch_invariant", "decode_tail_hints", "prompts_entry",
+                              "prompts_entry_invariant"])  # fmt: skip
+def test_enumerated_variants_cover_random_serving_batches(invariant, hints, prompts, tmp_path, monkeypatch):
+    """(With ``decode_tail`` hints, batches said to end in one-token sequences or to hold none too: mixed batches'
+    variants and, with a table whose ``prompts`` entry has other tiles than its ``prefill`` one, prompts'.)"""
+    import json
+
+    from triton_paged_ops import configs
+
     dev = None if INTERPRET else torch.cuda.current_device()
+    if prompts:
+        gpu, cap = configs.device_identity(dev)
+        tiles = {"prefill": (32, 16, 4), "prompts": (64, 32, 8)}
+        entries = [{"dtype": "float16", "head_dim": 64, "regime": regime,
+                    "config": {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w}} for regime, (m, n, w) in tiles.items()
+                   ]  # fmt: skip
+        user = tmp_path / "configs.json"
+        user.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
+            {"gpu": gpu, "capability": cap, "triton": configs.triton_version(), "entries": entries}]}))  # fmt: skip
+        monkeypatch.setenv("TPA_CONFIG_FILE", str(user))
+    configs.reload()
+    try:
+        _cover_random_serving_batches(invariant, hints, prompts, dev)
+    finally:
+        configs.reload()
+
+
+def _cover_random_serving_batches(invariant: bool, hints: bool, prompts: bool, dev) -> None:
     settings = ServingSettings(**SETTINGS, **LIMITS, batch_invariant=invariant, decode_tail=hints)
     found = reachable_variants(settings, dev, INTERPRET)
     rng = random.Random(0)
-    orders = set()
+    orders, warps = set(), set()
     for _ in range(3000):
         batch = rng.randint(1, LIMITS["max_batch"])
         # Decode, speculative-verify-like and prefill-chunk bounds, and any context bound up to the limit.
         q = rng.choice([1, rng.randint(2, 16), rng.randint(17, LIMITS["max_query"])])
         k = rng.randint(q, LIMITS["max_context"])
-        tail = hints and rng.random() < 0.5
+        # Not known, no one-token sequence, or all but the first (none for a lone sequence).
+        tail = rng.choice([-1, 0, batch - 1]) if hints else -1
         lp = attention_launch_plan(**SETTINGS, cache_dtype=SETTINGS["dtype"], num_seqs=batch, max_seqlen_q=q,
                                    max_seqlen_k=k, head_dim_v=64, device_index=dev, interpret=INTERPRET,
                                    **FEATURES, batch_invariant=invariant, decode_tail=tail)  # fmt: skip
         assert lp.variant() in found, (batch, q, k, tail)
         orders.add(lp.constexprs["MIXED_ORDER"])
-    assert orders == ({1, 2} if hints else {1})
+        if q > 16:
+            warps.add(lp.config["num_warps"])
+    assert orders == ({1, 2} if hints and not invariant else {1})
+    if prompts and not invariant:
+        assert warps == {4, 8}  # both prefill entries were in use
+        # Warm-up runs each variant, the prompts' ones with a batch said to hold no one-token sequence.
+        small = ServingSettings(**SETTINGS, max_batch=3, max_context=256, max_query=40, decode_tail=True)
+        report = warmup(small, DEVICE)
+        assert report.variants == len(reachable_variants(small, dev, INTERPRET))
 
 
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch_invariant"])

@@ -8,7 +8,8 @@ import argparse
 import os
 import sys
 
-_REGIMES = ("decode", "decode_large", "short", "prefill")  # configs.REGIMES (kept light: no torch import here)
+# The regimes `tune` measures: configs.REGIMES but `prompts` (kept light: no torch import here).
+_REGIMES = ("decode", "decode_large", "short", "prefill")
 
 
 def _parser() -> argparse.ArgumentParser:

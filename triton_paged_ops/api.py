@@ -69,8 +69,11 @@ _ATTENTION_PARAMS = """
         no one-token sequence before them, as in SGLang's mixed batches (:func:`decode_tail_of` computes it from
         host query lengths); -1 if not known. A prefill launch whose batch ends in decodes then dispatches
         their work interleaved with the prompts' (``mixed_order``), so the decode rows stream while the prompts
-        compute. Only the schedule depends on it: any value gives the same results (a wrong one costs time; debug
-        mode names it). Ignored by decode launches and in batch-invariant mode.
+        compute; one whose batch holds no one-token sequence (0) takes the tiles measured for prompts alone (the
+        config table's ``prompts`` entry, where it has one: on the H200 at head dim 128, programs of 16 warps,
+        which would slow a mixed batch's decode rows). Any value gives correct results, the same bits except where
+        0 selects other tiles (a wrong value costs time; debug mode names it). Ignored by decode launches and in
+        batch-invariant mode.
 """
 
 

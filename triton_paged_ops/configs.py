@@ -3,7 +3,10 @@
 A config fixes the attention kernel's tiles and launch options for one regime — ``decode`` (one query token per
 sequence), ``decode_large`` (one token per sequence in a batch with at least one (sequence, KV head) pair per SM:
 a grid that fills the GPU unsplit; a table without this entry uses its ``decode`` entry), ``short`` (up to 16,
-e.g. speculative verification) or ``prefill`` — and, for the first three, the split-KV policy. Lookup order: the
+e.g. speculative verification), ``prefill`` or ``prompts`` (prefill launches whose caller says the batch holds no
+one-token sequence: a ``decode_tail`` hint of 0; a table without this entry uses its ``prefill`` entry; ``tune``
+does not write it, its entries come from A/B runs of ``benchmarks.ab``) — and, for the first three, the split-KV
+policy. Lookup order: the
 user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written by ``python -m
 triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the built-in
 heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
@@ -34,7 +37,9 @@ import torch
 import triton
 
 SCHEMA = 1
-REGIMES = ("decode", "decode_large", "short", "prefill")
+REGIMES = ("decode", "decode_large", "short", "prefill", "prompts")
+# Regimes whose table entry, where missing, is another's.
+FALLBACK = {"decode_large": "decode", "prompts": "prefill"}
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 # Split policy of decode and short queries (plan.plan_splits): program slots per SM, segment bounds in keys, the
 # shortest segment of a grid that leaves SMs idle, and the share (%) of the slots a grid must fill without splitting.
@@ -257,10 +262,11 @@ def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str)
 
 
 def regime_entry(device_index: int | None, dtype: str, head_dim_pad: int, regime: str) -> dict | None:
-    """``lookup`` of a regime's entry, ``decode_large`` falling back to the ``decode`` one (a table without it)."""
+    """``lookup`` of a regime's entry, ``decode_large`` falling back to the ``decode`` one and ``prompts`` to the
+    ``prefill`` one (a table without it)."""
     entry = lookup(device_index, dtype, head_dim_pad, regime)
-    if entry is None and regime == "decode_large":
-        entry = lookup(device_index, dtype, head_dim_pad, "decode")
+    if entry is None and regime in FALLBACK:
+        entry = lookup(device_index, dtype, head_dim_pad, FALLBACK[regime])
     return entry
 
 

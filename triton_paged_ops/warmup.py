@@ -44,7 +44,8 @@ class ServingSettings:
     ``max_batch`` sequences per batch, ``max_context`` keys per sequence, ``max_query`` new tokens per sequence
     (the prefill chunk size) at most. Features (``causal``, ``window_left``, ``softcap``, ``alibi``, ``sinks``,
     ``kv_scale``, ``block_table_rows``, ``lse``) must be set as serving will call the ops; ``decode_tail``: serving
-    passes the ops' ``decode_tail`` hint (mixed batches then launch their interleaved-order variants too).
+    passes the ops' ``decode_tail`` hint (mixed batches then launch their interleaved-order variants too, and
+    batches of prompts alone their ``prompts`` tiles).
     """
 
     num_q_heads: int
@@ -71,9 +72,10 @@ class ServingSettings:
 
 def reachable_variants(
     settings: ServingSettings, device_index: int | None, interpret: bool
-) -> dict[tuple, tuple[int, int, int, bool]]:
-    """Each reachable variant with one (batch size, query bound, context bound, decode-tail hint) that reaches it
-    (the hint: a batch of one prompt then one-token sequences, passed with its ``decode_tail``)."""
+) -> dict[tuple, tuple[int, int, int, int]]:
+    """Each reachable variant with one (batch size, query bound, context bound, hint) that reaches it; the hint:
+    -1 none, 1 a batch of one prompt then one-token sequences (passed with its ``decode_tail``), 0 a batch of prompts
+    alone (passed with ``decode_tail`` 0)."""
     st = settings
     max_batch, max_context, max_query, num_kv_heads = st.max_batch, st.max_context, st.max_query, st.num_kv_heads
     fixed = dict(
@@ -142,15 +144,17 @@ def reachable_variants(
                     found.setdefault(lp.variant(), (b, q, k))
     if max_query > MAX_SPLIT_Q_LEN and not st.batch_invariant:
         _prefill_splits(found, fixed, max_query, max_batch, max_context, num_sms)
-    reached = {variant: (*where, False) for variant, where in found.items()}
-    if st.decode_tail and max_batch > 1:
-        # The same bounds for batches said to end in one-token sequences (two sequences at least): only prefill
-        # launches can differ.
+    reached = {variant: (*where, -1) for variant, where in found.items()}
+    if st.decode_tail:
+        # The same bounds for batches said to end in one-token sequences (two sequences at least) or to hold none:
+        # only prefill launches can differ.
         for b, q, k in found.values():
-            if q > 1:
-                b = max(b, 2)
-                lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, decode_tail=True, **fixed)
-                reached.setdefault(lp.variant(), (b, q, k, True))
+            for hint in (1, 0) if q > 1 else ():
+                if hint and max_batch < 2:
+                    continue
+                b = max(b, 1 + hint)
+                lp = attention_launch_plan(num_seqs=b, max_seqlen_q=q, max_seqlen_k=k, decode_tail=hint, **fixed)
+                reached.setdefault(lp.variant(), (b, q, k, hint))
     return reached
 
 
@@ -194,9 +198,10 @@ def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> Wa
     if st.kv_scale:
         extra["k_scale"] = extra["v_scale"] = torch.ones(1, device=device)
     calls = 0
-    for batch, q_bound, k_bound, hinted in found.values():
-        # One sequence reaches the query bound (it must fit its own keys), the rest are one token each.
-        q_lens = [q_bound] + [1] * (batch - 1)
+    for batch, q_bound, k_bound, hint in found.values():
+        # One sequence reaches the query bound (it must fit its own keys), the rest are one token each (two in a
+        # batch said to hold no one-token sequence).
+        q_lens = [q_bound] + [1 if hint else min(2, q_bound)] * (batch - 1)
         total = sum(q_lens)
         q = torch.randn(total, num_q_heads, head_dim, device=device).to(dtype)
         cu = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
@@ -210,7 +215,7 @@ def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> Wa
         out = torch.empty(total, num_q_heads, dv, device=device, dtype=dtype)
         lse_buf = torch.empty(total, num_q_heads, device=device) if st.lse else None
         api.paged_attention_out(q, k_cache, v_cache, table, cu, seq_lens, q_bound, k_bound, head_dim**-0.5, **kw,
-                                decode_tail=batch - 1 if hinted else -1, out=out, lse=lse_buf)  # fmt: skip
+                                decode_tail=-1 if hint < 0 else hint and batch - 1, out=out, lse=lse_buf)  # fmt: skip
         calls += 1
     key = torch.randn(1, num_kv_heads, head_dim, device=device).to(dtype)
     value = torch.randn(1, num_kv_heads, dv, device=device).to(dtype)

@@ -656,7 +656,8 @@ def select_attention_config(
     ``attention_config_override`` over both. Keys only on values fixed per model (head dim, GQA group, dtype) plus
     the regime: from the host-side bound ``max_seqlen_q`` and, for one-token queries, whether the launch's
     ``pairs`` (sequences x KV heads, a shape) reach one per SM (``decode_large``; a table without that entry gives
-    its ``decode`` one). ``regime`` forces one. So a serving loop compiles a bounded set of variants.
+    its ``decode`` one). ``regime`` forces one (``prompts``: a prefill launch said to hold no one-token sequence).
+    So a serving loop compiles a bounded set of variants.
     """
     group_pad = triton.next_power_of_2(group)
     if interpret:
@@ -1450,18 +1451,18 @@ def attention_launch_plan(
     batch_invariant: bool = False,
     kv_desc_layout: bool = True,
     narrow_offsets: bool = True,
-    decode_tail: bool = False,
+    decode_tail: int = -1,
 ) -> LaunchPlan:
     """The host-side decisions of a launch (tiles, split plan, constexprs) from host values only; also used by
     warm-up to enumerate the variants a serving configuration can reach. ``kv_desc_layout``: whether the caches'
     layout admits tensor descriptors (``kv_desc_layout_ok``; the usual contiguous caches do); ``narrow_offsets``:
-    whether every element of the caches lies below 2^31 (``narrow_offsets_ok``); ``decode_tail``: whether the
-    caller says the batch ends in one-token sequences (a ``decode_tail`` hint > 0)."""
+    whether every element of the caches lies below 2^31 (``narrow_offsets_ok``); ``decode_tail``: the caller's
+    hint, or its sign (> 0: the batch ends in one-token sequences; 0: it holds none; -1: not known)."""
     return _cached_launch_plan(
         tuple(_config_override.items()), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, dtype,
         cache_dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, has_alibi, has_sinks,
         has_k_scale, has_v_scale, has_rows, want_lse, device_index, interpret, batch_invariant, kv_desc_layout,
-        narrow_offsets, decode_tail,
+        narrow_offsets, min(decode_tail, 1),
     )  # fmt: skip
 
 
@@ -1475,8 +1476,11 @@ def _cached_launch_plan(
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
+    # A prefill launch said to hold no one-token sequence may take taller programs' tiles (the table's ``prompts``
+    # entry): they cost the one-token rows of a mixed batch more than they save its prompts (NOTES v38).
+    prompts = decode_tail == 0 and max_seqlen_q > MAX_SPLIT_Q_LEN and not batch_invariant
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype,
-                                  num_seqs * num_kv_heads)  # fmt: skip
+                                  num_seqs * num_kv_heads, "prompts" if prompts else None)  # fmt: skip
     if batch_invariant:
         # A row's arithmetic must not depend on the regime's tiles: one decode tile (KV width, height, warps) and
         # segment length everywhere, so decode keeps its speed and long prefills run slower. (A row's softmax sum
@@ -1558,7 +1562,7 @@ def _cached_launch_plan(
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 or merge_in_kernel else 2 if batch_invariant else 1,
         # Only where the caller says the batch ends in one-token sequences (the map reads where they start from
         # the hint; a tail beside other work needs two sequences at least).
-        MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and decode_tail and cfg["SMALL_M"] > 0 and not one_block
+        MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and decode_tail > 0 and cfg["SMALL_M"] > 0 and not one_block
                           and split.num_splits == 1 and num_seqs > 1) else 1,
         PAGE_IDS=cfg["page_ids"],
     )  # fmt: skip
@@ -1787,7 +1791,7 @@ def prepare_attention_launch(
         k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
         None if interpret else q.device.index, interpret, batch_invariant,
         kv_desc_layout_ok(k_cache, v_cache) if kv_desc_layout is None else kv_desc_layout,
-        narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets, decode_tail > 0,
+        narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets, min(decode_tail, 1),
     )  # fmt: skip
     plan = lp.split
     splits = plan.num_splits
