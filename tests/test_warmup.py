@@ -151,6 +151,14 @@ def test_warmup_runs_each_variant_and_reports(capsys):
     assert main(["warmup", "--head-dim", "64", "--num-heads", "8", "--num-kv-heads", "2", "--dtype", "fp16",
                  "--max-batch", "2", "--max-context", "256", "--max-query", "16"]) == 0  # fmt: skip
     assert "attention variants" in capsys.readouterr().out
+    # With the layout hint, the hinted batches' variants too (the interleaved mixed order).
+    cli = dict(num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.float16, max_batch=3, max_context=256,
+               max_query=40)  # fmt: skip
+    hinted = len(reachable_variants(ServingSettings(**cli, decode_tail=True), dev, INTERPRET))
+    assert hinted > len(reachable_variants(ServingSettings(**cli), dev, INTERPRET))
+    assert main(["warmup", "--head-dim", "64", "--num-heads", "8", "--num-kv-heads", "2", "--dtype", "fp16",
+                 "--max-batch", "3", "--max-context", "256", "--max-query", "40", "--decode-tail"]) == 0  # fmt: skip
+    assert f"warm-up: {hinted} attention variants" in capsys.readouterr().out
     assert main(["warmup", "--head-dim", "64", "--num-heads", "6", "--num-kv-heads", "4"]) == 2
     fp8 = warmup(ServingSettings(**SETTINGS, **limits, cache_dtype=torch.float8_e4m3fn), DEVICE)
     assert fp8.variants == report.variants  # same launch decisions, other kernels (fp8 pointers)

@@ -93,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     wu.add_argument("--non-causal", action="store_true", help="serving calls the ops with causal=False")
     for flag, what in (("alibi", "ALiBi slopes"), ("sinks", "attention sinks"), ("kv-scale", "k/v cache scales"),
                        ("lse", "the LSE output"), ("block-table-rows", "block_table_rows"),
-                       ("batch-invariant", "batch_invariant=True (deterministic mode)")):  # fmt: skip
+                       ("batch-invariant", "batch_invariant=True (deterministic mode)"),
+                       ("decode-tail", "each batch's decode_tail layout hint")):  # fmt: skip
         wu.add_argument(f"--{flag}", action="store_true", help=f"serving passes {what}")
     return p
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             max_batch=args.max_batch, max_context=args.max_context, max_query=args.max_query,
             causal=not args.non_causal, window_left=args.window, softcap=args.softcap, alibi=args.alibi,
             sinks=args.sinks, kv_scale=args.kv_scale, block_table_rows=args.block_table_rows, lse=args.lse,
-            batch_invariant=args.batch_invariant,
+            batch_invariant=args.batch_invariant, decode_tail=args.decode_tail,
         )  # fmt: skip
         report = warmup(settings, device)
         print(f"warm-up: {report.variants} attention variants ({report.calls} op calls) in {report.seconds:.1f} s")
