@@ -23,6 +23,20 @@ FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_s
                 has_v_scale=False, has_rows=False, want_lse=False)  # fmt: skip
 
 
+def _use_user_table(tmp_path, monkeypatch, dev, entries: list[tuple[str, dict]]) -> None:
+    """A user config file with these (regime, config) entries for float16 at head dim 64 on this device."""
+    import json
+
+    from triton_paged_ops import configs
+
+    gpu, cap = configs.device_identity(dev)
+    rows = [{"dtype": "float16", "head_dim": 64, "regime": regime, "config": config} for regime, config in entries]
+    user = tmp_path / "configs.json"
+    user.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
+        {"gpu": gpu, "capability": cap, "triton": configs.triton_version(), "entries": rows}]}))  # fmt: skip
+    monkeypatch.setenv("TPA_CONFIG_FILE", str(user))
+
+
 @pytest.mark.parametrize("invariant,hints,prompts", [(False, False, False), (True, False, False),
                                                      (False, True, False), (False, True, True), (True, True, True)],
                          ids=["default", "batch_invariant", "decode_tail_hints", "prompts_entry",
@@ -30,21 +44,13 @@ FEATURES = dict(causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_s
 def test_enumerated_variants_cover_random_serving_batches(invariant, hints, prompts, tmp_path, monkeypatch):
     """(With ``decode_tail`` hints, batches said to end in one-token sequences or to hold none too: mixed batches'
     variants and, with a table whose ``prompts`` entry has other tiles than its ``prefill`` one, prompts'.)"""
-    import json
-
     from triton_paged_ops import configs
 
     dev = None if INTERPRET else torch.cuda.current_device()
     if prompts:
-        gpu, cap = configs.device_identity(dev)
         tiles = {"prefill": (32, 16, 4), "prompts": (64, 32, 8)}
-        entries = [{"dtype": "float16", "head_dim": 64, "regime": regime,
-                    "config": {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w}} for regime, (m, n, w) in tiles.items()
-                   ]  # fmt: skip
-        user = tmp_path / "configs.json"
-        user.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
-            {"gpu": gpu, "capability": cap, "triton": configs.triton_version(), "entries": entries}]}))  # fmt: skip
-        monkeypatch.setenv("TPA_CONFIG_FILE", str(user))
+        _use_user_table(tmp_path, monkeypatch, dev, [(regime, {"BLOCK_M": m, "BLOCK_N": n, "num_warps": w})
+                                                     for regime, (m, n, w) in tiles.items()])  # fmt: skip
     configs.reload()
     try:
         _cover_random_serving_batches(invariant, hints, prompts, dev)
@@ -84,21 +90,14 @@ def _cover_random_serving_batches(invariant: bool, hints: bool, prompts: bool, d
 def test_enumerated_variants_cover_the_large_batch_decode_entry(tmp_path, monkeypatch, invariant):
     """With a table whose ``decode_large`` entry (batches with a (sequence, KV head) pair per SM) has its own tiles
     and split policy, the enumeration reaches the variants of both decode entries."""
-    import json
-
     from triton_paged_ops import configs
     from triton_paged_ops.plan import num_sms_of
 
     dev = None if INTERPRET else torch.cuda.current_device()
-    gpu, cap = configs.device_identity(dev)
-    entries = [{"dtype": "float16", "head_dim": 64, "regime": regime, "config": config} for regime, config in (
+    _use_user_table(tmp_path, monkeypatch, dev, [
         ("decode", {"BLOCK_N": 32, "num_warps": 4, "programs_per_sm": 2}),
         ("decode_large", {"BLOCK_N": 64, "num_warps": 1, "programs_per_sm": 6, "max_segment": 1024,
-                          "min_segment": 256, "invariant_segment": 1024}))]  # fmt: skip
-    user = tmp_path / "configs.json"
-    user.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
-        {"gpu": gpu, "capability": cap, "triton": configs.triton_version(), "entries": entries}]}))  # fmt: skip
-    monkeypatch.setenv("TPA_CONFIG_FILE", str(user))
+                          "min_segment": 256, "invariant_segment": 1024})])  # fmt: skip
     configs.reload()
     try:
         full = -(-num_sms_of(torch.device(DEVICE)) // SETTINGS["num_kv_heads"])
