@@ -6,10 +6,9 @@ a grid that fills the GPU unsplit; a table without this entry uses its ``decode`
 e.g. speculative verification), ``prefill`` or ``prompts`` (prefill launches whose caller says the batch holds no
 one-token sequence: a ``decode_tail`` hint of 0; a table without this entry uses its ``prefill`` entry; ``tune``
 does not write it, its entries come from A/B runs of ``benchmarks.ab``) — and, for the first three, the split-KV
-policy. Lookup order: the
-user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written by ``python -m
-triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the built-in
-heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
+policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``,
+written by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the
+built-in heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
 

@@ -1476,8 +1476,8 @@ def _cached_launch_plan(
 ) -> LaunchPlan:  # fmt: skip
     group = num_q_heads // num_kv_heads
     head_dim_pad = configs.padded_head_dim(head_dim)
-    # A prefill launch said to hold no one-token sequence may take taller programs' tiles (the table's ``prompts``
-    # entry): they cost the one-token rows of a mixed batch more than they save its prompts (NOTES v38).
+    # A prefill launch said to hold no one-token sequence takes the table's ``prompts`` entry (on the H200 16-warp
+    # programs, which cost a mixed batch's one-token rows more than they save its prompts: NOTES v38).
     prompts = decode_tail == 0 and max_seqlen_q > MAX_SPLIT_Q_LEN and not batch_invariant
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype,
                                   num_seqs * num_kv_heads, "prompts" if prompts else None)  # fmt: skip
