@@ -172,16 +172,26 @@ def _dense_causal_flat_kernel(
             tile += 1
 
 
+def _block_shape(q: torch.Tensor, k: torch.Tensor, block_m: int, block_n: int, pack: bool) -> tuple[int, int]:
+    """The GQA group and a query block's tokens for ``q [B, H, N, D]``, ``k [B, Hkv, N, D]``; raises unless H is
+    a multiple of Hkv (and, packed, ``block_m`` of the group) and N of ``block_n`` and of the block's tokens."""
+    h, n, kv_heads = q.shape[1], q.shape[2], k.shape[1]
+    group = h // kv_heads if h % kv_heads == 0 else 0
+    tokens = block_m // group if pack and group else block_m
+    if not group or n % tokens or n % block_n or (pack and block_m % group):
+        raise ValueError("H must be a multiple of Hkv, and N of block_n and of the block's tokens")
+    return group, tokens
+
+
 def dense_causal_flat(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, block_m: int, block_n: int,
                       num_warps: int, num_stages: int, pack: bool = False, programs: int = 0,
                       out: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """``dense_causal`` (pointer loads) from a persistent grid of ``programs`` programs (0: one per SM) that walk
     their query blocks' KV tiles in one loop (``_dense_causal_flat_kernel``); into ``out`` (like ``q``) if given."""
     b, h, n, d = q.shape
-    group = h // k.shape[1] if h % k.shape[1] == 0 else 0
-    tokens = block_m // group if pack and group else block_m
-    if not group or n % tokens or n % block_n or tokens % block_n or (pack and block_m % group):
-        raise ValueError("H must be a multiple of Hkv, N of the block's tokens, and those of block_n")
+    group, tokens = _block_shape(q, k, block_m, block_n, pack)
+    if tokens % block_n:
+        raise ValueError("the block's tokens must be a multiple of block_n")
     out = torch.empty_like(q) if out is None else out
     items = b * (k.shape[1] if pack else h)
     if not programs:
@@ -200,10 +210,7 @@ def dense_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
     tokens, or with ``pack`` ``block_m // (H // Hkv)`` tokens of a KV head's query heads (N a multiple of both
     the block's tokens and ``block_n``); ``lazy``: the paged kernel's lazy rescaling."""
     b, h, n, d = q.shape
-    group = h // k.shape[1] if h % k.shape[1] == 0 else 0
-    tokens = block_m // group if pack and group else block_m
-    if not group or n % tokens or n % block_n or (pack and block_m % group):
-        raise ValueError("H must be a multiple of Hkv, and N of block_n and of the block's tokens")
+    group, tokens = _block_shape(q, k, block_m, block_n, pack)
     out = torch.empty_like(q)
     if use_desc and q.is_cuda:
         _ensure_allocator()  # (device-built descriptors need Triton's scratch allocator; the interpreter does not)

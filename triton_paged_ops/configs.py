@@ -120,12 +120,15 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def regime_of(max_seqlen_q: int, short_limit: int, pairs: int = 0, num_sms: int = 0) -> str:
+def regime_of(max_seqlen_q: int, short_limit: int, pairs: int = 0, num_sms: int = 0, no_decodes: bool = False) -> str:
     """The regime of a launch with query bound ``max_seqlen_q`` and ``pairs`` (sequence, KV head) pairs on a GPU of
-    ``num_sms`` SMs (0: unknown, never ``decode_large``)."""
+    ``num_sms`` SMs (0: unknown, never ``decode_large``); ``no_decodes``: the caller says the batch holds no
+    one-token sequence (a ``decode_tail`` hint of 0), which makes a prefill launch ``prompts``."""
     if max_seqlen_q <= 1:
         return "decode_large" if 0 < num_sms <= pairs else "decode"
-    return "short" if max_seqlen_q <= short_limit else "prefill"
+    if max_seqlen_q <= short_limit:
+        return "short"
+    return "prompts" if no_decodes else "prefill"
 
 
 def validate_config(cfg: object) -> str | None:

@@ -260,17 +260,22 @@ def tune(
     return records
 
 
+def _table_device(interpret: bool, device: str) -> int | None:
+    """The device index table lookups take (None under the interpreter)."""
+    return None if interpret else torch.device(device).index or 0
+
+
 def _table_entry(group: Group, interpret: bool, device: str) -> dict:
     """The table entry (the user's, else the shipped one; {} if none) that a candidate's keys are laid over while
     it is measured, as ``select_attention_config`` finds it."""
-    index = None if interpret else torch.device(device).index or 0
+    index = _table_device(interpret, device)
     return configs.regime_entry(index, group.key(), configs.padded_head_dim(group.head_dim), group.regime) or {}
 
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
     """The tiles (and any tuned split policy) the shipped table or heuristic gives this group."""
     q_len = {"decode": 1, "decode_large": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
-    index = None if interpret else torch.device(device).index or 0
+    index = _table_device(interpret, device)
     with configs.without_user_file():
         cfg = select_attention_config(configs.padded_head_dim(group.head_dim), gqa, group.dtype, q_len, interpret,
                                       index, group.cache_dtype, regime=group.regime)  # fmt: skip

@@ -649,6 +649,7 @@ def select_attention_config(
     cache_dtype: torch.dtype | None = None,
     pairs: int = 0,
     regime: str | None = None,
+    no_decodes: bool = False,
 ) -> dict[str, int]:
     """Tile sizes, launch options and split policy for one call: the single place that chooses them.
 
@@ -656,8 +657,8 @@ def select_attention_config(
     ``attention_config_override`` over both. Keys only on values fixed per model (head dim, GQA group, dtype) plus
     the regime: from the host-side bound ``max_seqlen_q`` and, for one-token queries, whether the launch's
     ``pairs`` (sequences x KV heads, a shape) reach one per SM (``decode_large``; a table without that entry gives
-    its ``decode`` one). ``regime`` forces one (``prompts``: a prefill launch said to hold no one-token sequence).
-    So a serving loop compiles a bounded set of variants.
+    its ``decode`` one) and ``no_decodes`` (the caller says the batch holds no one-token sequence: a prefill launch
+    is then ``prompts``). ``regime`` forces one. So a serving loop compiles a bounded set of variants.
     """
     group_pad = triton.next_power_of_2(group)
     if interpret:
@@ -677,7 +678,7 @@ def select_attention_config(
         num_sms = 0
         if max_seqlen_q <= 1 and pairs > 0:
             num_sms = num_sms_at(None if interpret else device_index)
-        regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms)
+        regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms, no_decodes)
     table_device, name = None if interpret else device_index, configs.dtype_name(dtype, cache_dtype)
     tuned = configs.regime_entry(table_device, name, head_dim_pad, regime)
     if tuned:
@@ -1478,9 +1479,9 @@ def _cached_launch_plan(
     head_dim_pad = configs.padded_head_dim(head_dim)
     # A prefill launch said to hold no one-token sequence takes the table's ``prompts`` entry (on the H200 16-warp
     # programs, which cost a mixed batch's one-token rows more than they save its prompts: NOTES v38).
-    prompts = decode_tail == 0 and max_seqlen_q > MAX_SPLIT_Q_LEN and not batch_invariant
     cfg = select_attention_config(head_dim_pad, group, dtype, max_seqlen_q, interpret, device_index, cache_dtype,
-                                  num_seqs * num_kv_heads, "prompts" if prompts else None)  # fmt: skip
+                                  num_seqs * num_kv_heads,
+                                  no_decodes=decode_tail == 0 and not batch_invariant)  # fmt: skip
     if batch_invariant:
         # A row's arithmetic must not depend on the regime's tiles: one decode tile (KV width, height, warps) and
         # segment length everywhere, so decode keeps its speed and long prefills run slower. (A row's softmax sum
