@@ -2,7 +2,9 @@
 [JSON ...] [--only NAME ...] [--skip NAME ...] [--rounds N] [--batch-invariant] [--sdpa] [--out FILE]`` (CUDA GPU).
 
 Each config is a JSON object of ``attention_config_override`` keys (``{}``: the defaults), and optionally ``"hints":
-false`` (the calls pass no ``decode_tail`` layout hint; by default each passes its batch's). All of them run the
+false`` (the calls pass no ``decode_tail`` layout hint; by default each passes its batch's) and ``"exact": true``
+(only table entries for the installed Triton and the cases' own dtype: ``configs.exact_entries_only``, no stand-ins).
+``--dtype float16`` runs the suite's 16-bit cases in fp16 (fp8-cache cases keep bf16 queries). All of them run the
 suite's cases in one process, round after round in the same order (config 0, 1, ..., then again), so drift within
 the run shows beside the differences. Every timing is a CUDA-graph replay median with its error against the
 reference (outputs poisoned first); the HBM read ceiling, and with ``--sdpa`` dense SDPA once per case, come from
@@ -12,6 +14,8 @@ the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
 
@@ -32,14 +36,20 @@ def parse_configs(p: argparse.ArgumentParser, texts: list[str]) -> list[dict]:
             p.error(f"--config takes JSON objects, got {text!r}: {exc}")
         if not isinstance(cfg, dict):
             p.error(f"--config takes JSON objects, got {text!r}")
-        if not isinstance(cfg.get("hints", True), bool):
-            p.error(f"--config {text!r}: hints takes true or false")
-        table_keys = {k: v for k, v in cfg.items() if k not in ("num_splits", "hints")}
+        for flag in ("hints", "exact"):
+            if not isinstance(cfg.get(flag, True), bool):
+                p.error(f"--config {text!r}: {flag} takes true or false")
+        table_keys = {k: v for k, v in cfg.items() if k not in ("num_splits", "hints", "exact")}
         problem = config_tables.validate_config(table_keys) if table_keys else None
         if problem:
             p.error(f"--config {text!r}: {problem}")
         out.append(cfg)
     return out
+
+
+def case_in(case: Case, dtype: str) -> Case:
+    """``case`` with ``dtype`` queries and caches, unless its caches have their own dtype (fp8: kept as it is)."""
+    return case if case.cache_dtype is not None else dataclasses.replace(case, dtype=getattr(torch, dtype))
 
 
 def select_cases(cases: list[Case], only: list[str] | None, skip: list[str] | None) -> list[Case]:
@@ -61,8 +71,9 @@ def run(cases: list[Case], configs: list[dict], rounds: int = 1, seed: int = 0, 
     columns = [column(i, r) for r in range(rounds) for i in range(len(configs))]
     for r in range(rounds):
         for i, cfg in enumerate(configs):
-            override = {k: v for k, v in cfg.items() if k != "hints"}
-            with attention_config_override(**override):
+            override = {k: v for k, v in cfg.items() if k not in ("hints", "exact")}
+            tables = config_tables.exact_entries_only() if cfg.get("exact") else contextlib.nullcontext()
+            with tables, attention_config_override(**override):
                 res = run_suite(cases, seed=seed, with_sdpa=sdpa and r == 0 and i == 0, with_invariant=invariant,
                                 hints=cfg.get("hints", True))  # fmt: skip
             ceilings = res["ceilings"]
@@ -97,13 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="times every config runs the cases (default 1)")
     p.add_argument("--batch-invariant", action="store_true", help="also time batch-invariant mode on the same inputs")
     p.add_argument("--sdpa", action="store_true", help="dense SDPA on the same shapes, once per case")
+    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
+                   help="query and cache dtype of the 16-bit cases (default bfloat16)")  # fmt: skip
     p.add_argument("--out", default="tpa_ab.json", help="JSON file to write ('' for none)")
     args = p.parse_args(argv)
     configs = parse_configs(p, args.config)
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
     every = SUITES[args.suite]()
-    cases = select_cases(every, args.only, args.skip)
+    cases = [case_in(c, args.dtype) for c in select_cases(every, args.only, args.skip)]
     if not cases:
         p.error(f"no case of the {args.suite} suite matches --only {args.only} --skip {args.skip}; "
                 f"cases: {[c.name for c in every]}")  # fmt: skip

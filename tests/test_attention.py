@@ -492,7 +492,7 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
         window_left=-1, softcap=0.0, has_alibi=False, has_sinks=bool(extra), has_k_scale=False, has_v_scale=False,
         has_rows=False, want_lse=True, device_index=torch.cuda.current_device(), interpret=False, decode_tail=hint,
     )  # fmt: skip
-    entry = configs.regime_entry(torch.cuda.current_device(), "bfloat16", 128, "prompts")
+    entry = configs.lookup(torch.cuda.current_device(), "bfloat16", 128, "prompts")
     if entry is not None:
         assert lp.options["num_warps"] == entry["num_warps"]
     out = torch.full((p.q.shape[0], 32, 128), float("nan"), dtype=p.q.dtype, device=DEVICE)

@@ -189,6 +189,7 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
                      (["--config", '{"acc_rescale": 4}'], "acc_rescale must be 1, 2 or 3"),
                      (["--config", '{"bogus": 1}'], "unknown key"), (["--only", "B3x7k"], "no case"),
                      (["--config", '{"hints": 0}'], "hints takes true or false"),
+                     (["--config", '{"exact": "yes"}'], "exact takes true or false"),
                      (["--rounds", "0"], "--rounds")):  # fmt: skip
         with pytest.raises(SystemExit) as exc:
             ab.main(bad)
@@ -204,7 +205,7 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     def fake_suite(cases, seed=0, with_sdpa=True, with_invariant=False, hints=True):
         from triton_paged_ops.kernels import attention
 
-        calls.append((dict(attention._config_override), with_sdpa, hints))
+        calls.append((dict(attention._config_override), with_sdpa, hints, ab.config_tables._exact_only))
         recs = [{"case": c.name, "provider": "tpa", "us": 10.0 * len(calls), "tflops": 1.0, "kv_tbps": 2.0,
                  "rel_err": 1e-3} for c in cases]  # fmt: skip
         recs += [{"case": c.name, "provider": "sdpa_dense", "us": 7.0, "tflops": 1.0, "kv_tbps": 2.0}
@@ -213,12 +214,18 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
 
     monkeypatch.setattr(ab, "run_suite", fake_suite)
     monkeypatch.setattr(ab.torch.cuda, "get_device_name", lambda *a: "stub")
-    result, text = ab.run(picked[:2], [{}, {"acc_rescale": 2, "hints": False}], rounds=2, sdpa=True)
+    result, text = ab.run(picked[:2], [{}, {"acc_rescale": 2, "hints": False, "exact": True}], rounds=2, sdpa=True)
     assert [c[0] for c in calls] == [{}, {"acc_rescale": 2}, {}, {"acc_rescale": 2}]
     assert [c[1] for c in calls] == [True, False, False, False]
     assert [c[2] for c in calls] == [True, False, True, False]
+    assert [c[3] for c in calls] == [False, True, False, True] and not ab.config_tables._exact_only
     assert text.splitlines()[0].split()[-4:] == ["c0/r0", "c1/r0", "c0/r1", "c1/r1"]
     row = next(line for line in text.splitlines() if line.startswith("prefill 4x2k "))
     assert row.split()[-4:] == ["10.0", "20.0", "30.0", "40.0"]
-    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2, "hints": false}' in text
+    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2, "hints": false, "exact": true}' in text
     assert len(result["rows"]) == 4 * 2 + 2 and result["rounds"] == 2
+    # --dtype float16: the 16-bit cases in fp16, fp8-cache cases as they are.
+    decode = ab.SUITES["decode"]()
+    halves = [ab.case_in(c, "float16") for c in decode]
+    assert {c.dtype for c in halves if c.cache_dtype is None} == {torch.float16}
+    assert [c for c in halves if c.cache_dtype is not None] == [c for c in decode if c.cache_dtype is not None]

@@ -99,12 +99,65 @@ def test_bad_user_file_warns_and_falls_back(tables, content, warning):
         assert _block_n() == 32  # the shipped entry, as if the user file were absent
 
 
-def test_tables_of_another_triton_version_are_not_used(tables):
+def test_tables_of_another_triton_major_version_are_not_used(tables):
     user, _ = tables
     user.parent.mkdir()
     user.write_text(json.dumps(_file([_entry(16)], triton_ver="2.0")))
     configs.reload()
     assert _block_n() == select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)["BLOCK_N"] != 16
+
+
+def _write_tables(path, tables: list[tuple[str, list[dict]]]) -> None:
+    """A config file of this GPU's tables: (Triton version, entries) each."""
+    gpu, cap = _identity()
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
+        {"gpu": gpu, "capability": cap, "triton": ver, "entries": entries} for ver, entries in tables]}))  # fmt: skip
+    configs.reload()
+
+
+def test_another_triton_minor_version_serves_where_the_installed_one_has_no_entry(tables, monkeypatch):
+    """Without an entry for the installed Triton, the GPU's entry from the nearest other 3.x serves (the older of
+    two equally near); an entry for the installed version wins, and so does the user's tuned one (any regime
+    fallback included) over a shipped table of another version."""
+    user, shipped = tables
+    monkeypatch.setattr(configs, "triton_version", lambda: "3.8")
+    _write_tables(shipped / "gpu.json", [("3.5", [_entry(16)]), ("3.6", [_entry(32)]), ("3.9", [_entry(64)]),
+                                         ("3.10", [_entry(128, regime="prefill")])])  # fmt: skip
+    assert _block_n() == 64  # 3.9 (one away) over 3.6 and 3.5
+    _write_tables(shipped / "gpu.json", [("3.6", [_entry(32)]), ("3.10", [_entry(64)])])
+    assert _block_n() == 32  # 3.6 and 3.10 are both two away: the older
+    _write_tables(shipped / "gpu.json", [("3.6", [_entry(32)]), ("3.8", [_entry(16)])])
+    assert _block_n() == 16
+    # A user entry for the installed version, here a decode one serving decode_large, beats another version's.
+    _write_tables(shipped / "gpu.json", [("3.6", [_entry(32, regime="decode_large")])])
+    _write_tables(user, [("3.8", [_entry(16)])])
+    assert configs.lookup(DEVICE_INDEX, "float16", 64, "decode_large")["BLOCK_N"] == 16
+    # Versions that do not parse are skipped, never an error.
+    assert configs._version_order("3.8", {"3.8", "x.y", "3", "4.1", "3.7"}) == ["3.8", "3.7"]
+
+
+@pytest.mark.parametrize("query,twin", [(torch.float16, "bfloat16"), (torch.bfloat16, "float16")])
+def test_the_other_16_bit_dtype_entry_serves_where_a_dtype_has_none(tables, query, twin):
+    """An fp16 launch takes the bf16 entry where the tables have no fp16 one (and back), fp8 caches included
+    (``<query>+float8_e4m3fn``); its own entry wins; fp32 has no stand-in."""
+    user, _ = tables
+    name = configs.dtype_name(query)
+    fp8 = torch.float8_e4m3fn
+    ver = configs.triton_version()
+
+    def entry(dtype: str, block_n: int) -> dict:
+        return {"dtype": dtype, "head_dim": 64, "regime": "decode", "config": {"BLOCK_N": block_n, "num_warps": 4}}
+
+    def block_n(dtype, cache=None):
+        return select_attention_config(64, 2, dtype, 1, INTERPRET, DEVICE_INDEX, cache)["BLOCK_N"]
+
+    _write_tables(user, [(ver, [entry(twin, 32), entry(twin + "+float8_e4m3fn", 16)])])
+    assert block_n(query) == 32 and block_n(query, fp8) == 16
+    _write_tables(user, [(ver, [entry(twin, 32), entry(name, 64)])])
+    assert block_n(query) == 64
+    _write_tables(user, [(ver, [entry(twin, 32)])])
+    assert block_n(torch.float32) == select_attention_config(64, 2, torch.float32, 1, INTERPRET, None)["BLOCK_N"]
 
 
 def test_unreadable_user_path_does_not_crash(tables, monkeypatch, tmp_path):
@@ -258,10 +311,10 @@ def test_page_guard_defaults():
         assert guard(fp8, 1) == guard(None, 300) == 1
 
 
-def test_fp8_decode_split_policy_defaults():
+def test_fp8_decode_split_policy_defaults(tables):
     """fp8 decode bounds segments in bytes (4096 one-byte keys), fills 90% of the program slots before splitting and
     dispatches the longest work first; 16-bit decode and fp8 launches of taller tiles keep the planner's defaults,
-    and an override still decides."""
+    and an override still decides (no tables: the heuristic's defaults)."""
     fp8 = torch.float8_e4m3fn
 
     def cfg(cache_dtype, max_q):

@@ -7,8 +7,10 @@ e.g. speculative verification), ``prefill`` or ``prompts`` (prefill launches who
 one-token sequence: a ``decode_tail`` hint of 0; a table without this entry uses its ``prefill`` entry; ``tune``
 does not write it, its entries come from A/B runs of ``benchmarks.ab``) — and, for the first three, the split-KV
 policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``,
-written by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``, then the
-built-in heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
+written by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``; where
+neither has the installed Triton's entry, this GPU's entry measured with another Triton 3.x (nearest first), then
+the same for the other 16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``); then the built-in
+heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
 
@@ -239,6 +241,23 @@ def reload() -> None:
         hook()
 
 
+_exact_only = False
+
+
+@contextlib.contextmanager
+def exact_entries_only():
+    """Lookups in this block take only entries for the installed Triton and the launch's own dtype (no stand-ins
+    from another Triton or the 16-bit twin dtype): to measure what the stand-ins give."""
+    global _exact_only
+    _exact_only = True
+    reload()
+    try:
+        yield
+    finally:
+        _exact_only = False
+        reload()
+
+
 @contextlib.contextmanager
 def without_user_file():
     """Lookups in this block see only the shipped tables and the heuristic (``tune``'s baseline)."""
@@ -252,24 +271,55 @@ def without_user_file():
         reload()
 
 
+# 16-bit query dtypes that stand in for each other where a table has entries for one only: the same element size,
+# tensor-core rate and tiles (an fp8 cache under an fp16 query is read as under a bf16 one, through fp16).
+DTYPE_TWINS = {"float16": "bfloat16", "bfloat16": "float16"}
+
+
+def _twin(dtype: str) -> str | None:
+    """The table dtype key with the query dtype's twin (``DTYPE_TWINS``), the cache part kept; None without one."""
+    query, plus, cache = dtype.partition("+")
+    twin = DTYPE_TWINS.get(query)
+    return None if twin is None else twin + plus + cache
+
+
+def _version_order(installed: str, available: set[str]) -> list[str]:
+    """Triton versions whose tables may serve: the installed one, then the others of its major version, nearest
+    minor first (the older of two equally near). Another major version's code generation is another compiler's."""
+    major, minor = (int(x) for x in installed.split(".")[:2])
+    others = []
+    for ver in available - {installed}:
+        try:
+            v_major, v_minor = (int(x) for x in ver.split(".")[:2])
+        except ValueError:
+            continue
+        if v_major == major:
+            others.append((abs(v_minor - minor), v_minor, ver))
+    return [installed] + [ver for *_, ver in sorted(others)]
+
+
 @functools.lru_cache(maxsize=256)
 def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str) -> dict | None:
-    """The tuned config for this device and problem class (``dtype`` as ``dtype_name`` gives it): the user's,
-    else the shipped one, else None."""
+    """The tuned config for this device and problem class (``dtype`` as ``dtype_name`` gives it), else None. In
+    order: the user's entry, the shipped one; where neither exists for the installed Triton, this GPU's entries
+    measured with another Triton of the same major version (nearest first: the tiles are the GPU's more than the
+    compiler's); then the same for the 16-bit twin dtype (``DTYPE_TWINS``: bf16 entries serve fp16 and back). At
+    each step a regime without an entry takes its ``FALLBACK`` regime's (``decode_large`` the ``decode`` one,
+    ``prompts`` the ``prefill`` one), so an entry tuned for this dtype and Triton beats any stand-in."""
     gpu, cap = device_identity(device_index)
-    key = entry_key(gpu, cap, triton_version(), dtype, head_dim_pad, regime)
     user, shipped = _tables()
-    cfg = user.get(key) or shipped.get(key)
-    return dict(cfg) if cfg else None
-
-
-def regime_entry(device_index: int | None, dtype: str, head_dim_pad: int, regime: str) -> dict | None:
-    """``lookup`` of a regime's entry, ``decode_large`` falling back to the ``decode`` one and ``prompts`` to the
-    ``prefill`` one (a table without it)."""
-    entry = lookup(device_index, dtype, head_dim_pad, regime)
-    if entry is None and regime in FALLBACK:
-        entry = lookup(device_index, dtype, head_dim_pad, FALLBACK[regime])
-    return entry
+    versions = {key[2] for key in (*user, *shipped) if key[:2] == (gpu, cap)}
+    regimes = (regime, FALLBACK[regime]) if regime in FALLBACK else (regime,)
+    if _exact_only:
+        versions = set()
+    for name in (dtype, None if _exact_only else _twin(dtype)):
+        for ver in _version_order(triton_version(), versions) if name is not None else ():
+            for reg in regimes:
+                key = entry_key(gpu, cap, ver, name, head_dim_pad, reg)
+                cfg = user.get(key) or shipped.get(key)
+                if cfg:
+                    return dict(cfg)
+    return None
 
 
 def write_entry(path: Path, gpu: str, capability: str, dtype: str, head_dim: int, regime: str, config: dict,

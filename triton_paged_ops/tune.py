@@ -269,7 +269,7 @@ def _table_entry(group: Group, interpret: bool, device: str) -> dict:
     """The table entry (the user's, else the shipped one; {} if none) that a candidate's keys are laid over while
     it is measured, as ``select_attention_config`` finds it."""
     index = _table_device(interpret, device)
-    return configs.regime_entry(index, group.key(), configs.padded_head_dim(group.head_dim), group.regime) or {}
+    return configs.lookup(index, group.key(), configs.padded_head_dim(group.head_dim), group.regime) or {}
 
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:

@@ -680,7 +680,7 @@ def select_attention_config(
             num_sms = num_sms_at(None if interpret else device_index)
         regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms, no_decodes)
     table_device, name = None if interpret else device_index, configs.dtype_name(dtype, cache_dtype)
-    tuned = configs.regime_entry(table_device, name, head_dim_pad, regime)
+    tuned = configs.lookup(table_device, name, head_dim_pad, regime)
     if tuned:
         cfg.update(tuned)
         # A table's tile height is per regime; a wider GQA group still needs its heads in one tile.
