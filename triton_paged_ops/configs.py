@@ -9,7 +9,8 @@ does not write it, its entries come from A/B runs of ``benchmarks.ab``) — and,
 policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``,
 written by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``; where
 neither has the installed Triton's entry, this GPU's entry measured with another Triton 3.x (nearest first), then
-the same for the other 16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``); then the built-in
+the same for the other 16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short``
+launches); then the built-in
 heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
@@ -272,8 +273,12 @@ def without_user_file():
 
 
 # 16-bit query dtypes that stand in for each other where a table has entries for one only: the same element size,
-# tensor-core rate and tiles (an fp8 cache under an fp16 query is read as under a bf16 one, through fp16).
+# tensor-core rate and tiles (an fp8 cache under an fp16 query is read as under a bf16 one, through fp16). H200,
+# fp16 on the bf16 entries against the heuristic: prefill -21..-35% (D64 +1%), decode equal or better (D64 -21%);
+# the short entry's 64-row tiles lose 5-10% to the heuristic's 16-row ones on 4-token queries (bf16 too), so the
+# ``short`` regime takes no stand-in (NOTES v40).
 DTYPE_TWINS = {"float16": "bfloat16", "bfloat16": "float16"}
+TWIN_REGIMES = ("decode", "decode_large", "prefill", "prompts")
 
 
 def _twin(dtype: str) -> str | None:
@@ -303,7 +308,8 @@ def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str)
     """The tuned config for this device and problem class (``dtype`` as ``dtype_name`` gives it), else None. In
     order: the user's entry, the shipped one; where neither exists for the installed Triton, this GPU's entries
     measured with another Triton of the same major version (nearest first: the tiles are the GPU's more than the
-    compiler's); then the same for the 16-bit twin dtype (``DTYPE_TWINS``: bf16 entries serve fp16 and back). At
+    compiler's); then the same for the 16-bit twin dtype (``DTYPE_TWINS``: bf16 entries serve fp16 and back; not
+    for ``short``, see ``TWIN_REGIMES``). At
     each step a regime without an entry takes its ``FALLBACK`` regime's (``decode_large`` the ``decode`` one,
     ``prompts`` the ``prefill`` one), so an entry tuned for this dtype and Triton beats any stand-in."""
     gpu, cap = device_identity(device_index)
@@ -312,7 +318,8 @@ def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str)
     regimes = (regime, FALLBACK[regime]) if regime in FALLBACK else (regime,)
     if _exact_only:
         versions = set()
-    for name in (dtype, None if _exact_only else _twin(dtype)):
+    twin = None if _exact_only or regime not in TWIN_REGIMES else _twin(dtype)
+    for name in (dtype, twin):
         for ver in _version_order(triton_version(), versions) if name is not None else ():
             for reg in regimes:
                 key = entry_key(gpu, cap, ver, name, head_dim_pad, reg)
