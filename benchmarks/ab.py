@@ -1,14 +1,15 @@
 """Launch configs side by side on one suite: ``python -m benchmarks.ab --suite {decode,prefill,short} --config JSON
-[JSON ...] [--only NAME ...] [--skip NAME ...] [--rounds N] [--batch-invariant] [--sdpa] [--out FILE]`` (CUDA GPU).
+[JSON ...] [--only NAME ...] [--skip NAME ...] [--rounds N] [--batch-invariant] [--sdpa] [--dtype DTYPE] [--out
+FILE]`` (CUDA GPU).
 
 Each config is a JSON object of ``attention_config_override`` keys (``{}``: the defaults), and optionally ``"hints":
 false`` (the calls pass no ``decode_tail`` layout hint; by default each passes its batch's) and ``"exact": true``
-(only table entries for the installed Triton and the cases' own dtype: ``configs.exact_entries_only``, no stand-ins).
-``--dtype float16`` runs the suite's 16-bit cases in fp16 (fp8-cache cases keep bf16 queries). All of them run the
-suite's cases in one process, round after round in the same order (config 0, 1, ..., then again), so drift within
-the run shows beside the differences. Every timing is a CUDA-graph replay median with its error against the
-reference (outputs poisoned first); the HBM read ceiling, and with ``--sdpa`` dense SDPA once per case, come from
-the same run.
+(only table entries for the installed Triton and the cases' own dtype: ``configs.exact_entries_only``, no
+stand-ins). ``--dtype float16`` runs the suite with fp16 queries (and fp16 caches, where a case's caches are not
+fp8). All of them run the suite's cases in one process, round after round in the same order (config 0, 1, ..., then
+again), so drift within the run shows beside the differences. Every timing is a CUDA-graph replay median with its
+error against the reference (outputs poisoned first); the HBM read ceiling, and with ``--sdpa`` dense SDPA once per
+case, come from the same run.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ def parse_configs(p: argparse.ArgumentParser, texts: list[str]) -> list[dict]:
 
 
 def case_in(case: Case, dtype: str) -> Case:
-    """``case`` with ``dtype`` queries and caches, unless its caches have their own dtype (fp8: kept as it is)."""
-    return case if case.cache_dtype is not None else dataclasses.replace(case, dtype=getattr(torch, dtype))
+    """``case`` with ``dtype`` queries (and caches, unless they have their own dtype: fp8 caches stay fp8)."""
+    return dataclasses.replace(case, dtype=getattr(torch, dtype))
 
 
 def select_cases(cases: list[Case], only: list[str] | None, skip: list[str] | None) -> list[Case]:
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-invariant", action="store_true", help="also time batch-invariant mode on the same inputs")
     p.add_argument("--sdpa", action="store_true", help="dense SDPA on the same shapes, once per case")
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16",
-                   help="query and cache dtype of the 16-bit cases (default bfloat16)")  # fmt: skip
+                   help="query dtype; also the caches' where they are not fp8 (default bfloat16)")  # fmt: skip
     p.add_argument("--out", default="tpa_ab.json", help="JSON file to write ('' for none)")
     args = p.parse_args(argv)
     configs = parse_configs(p, args.config)

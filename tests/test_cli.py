@@ -224,8 +224,9 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     assert row.split()[-4:] == ["10.0", "20.0", "30.0", "40.0"]
     assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2, "hints": false, "exact": true}' in text
     assert len(result["rows"]) == 4 * 2 + 2 and result["rounds"] == 2
-    # --dtype float16: the 16-bit cases in fp16, fp8-cache cases as they are.
+    # --dtype float16: fp16 queries everywhere; fp8 caches stay fp8, the others follow the queries.
     decode = ab.SUITES["decode"]()
     halves = [ab.case_in(c, "float16") for c in decode]
-    assert {c.dtype for c in halves if c.cache_dtype is None} == {torch.float16}
-    assert [c for c in halves if c.cache_dtype is not None] == [c for c in decode if c.cache_dtype is not None]
+    assert {c.dtype for c in halves} == {torch.float16}
+    assert [c.cache_dtype for c in halves] == [c.cache_dtype for c in decode]
+    assert any(c.cache_dtype == torch.float8_e4m3fn for c in halves)
