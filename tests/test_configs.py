@@ -135,6 +135,7 @@ def test_another_triton_minor_version_serves_where_the_installed_one_has_no_entr
     assert configs.lookup(DEVICE_INDEX, "float16", 64, "decode_large")["BLOCK_N"] == 16
     # Versions that do not parse are skipped, never an error.
     assert configs._version_order("3.8", {"3.8", "x.y", "3", "4.1", "3.7"}) == ["3.8", "3.7"]
+    assert configs._version_order("dev", {"3.7"}) == ["dev"]
 
 
 @pytest.mark.parametrize("query,twin", [(torch.float16, "bfloat16"), (torch.bfloat16, "float16")])

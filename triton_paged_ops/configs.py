@@ -288,18 +288,24 @@ def _twin(dtype: str) -> str | None:
     return None if twin is None else twin + plus + cache
 
 
+def _major_minor(ver: str) -> tuple[int, int] | None:
+    parts = ver.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def _version_order(installed: str, available: set[str]) -> list[str]:
     """Triton versions whose tables may serve: the installed one, then the others of its major version, nearest
-    minor first (the older of two equally near). Another major version's code generation is another compiler's."""
-    major, minor = (int(x) for x in installed.split(".")[:2])
+    minor first (the older of two equally near). Another major version's code generation is another compiler's;
+    versions that do not read as major.minor serve only themselves."""
+    mine = _major_minor(installed)
     others = []
     for ver in available - {installed}:
-        try:
-            v_major, v_minor = (int(x) for x in ver.split(".")[:2])
-        except ValueError:
-            continue
-        if v_major == major:
-            others.append((abs(v_minor - minor), v_minor, ver))
+        theirs = _major_minor(ver)
+        if mine is not None and theirs is not None and theirs[0] == mine[0]:
+            others.append((abs(theirs[1] - mine[1]), theirs[1], ver))
     return [installed] + [ver for *_, ver in sorted(others)]
 
 
@@ -309,9 +315,9 @@ def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str)
     order: the user's entry, the shipped one; where neither exists for the installed Triton, this GPU's entries
     measured with another Triton of the same major version (nearest first: the tiles are the GPU's more than the
     compiler's); then the same for the 16-bit twin dtype (``DTYPE_TWINS``: bf16 entries serve fp16 and back; not
-    for ``short``, see ``TWIN_REGIMES``). At
-    each step a regime without an entry takes its ``FALLBACK`` regime's (``decode_large`` the ``decode`` one,
-    ``prompts`` the ``prefill`` one), so an entry tuned for this dtype and Triton beats any stand-in."""
+    for ``short``, see ``TWIN_REGIMES``). At each step a regime without an entry takes its ``FALLBACK`` regime's
+    (``decode_large`` the ``decode`` one, ``prompts`` the ``prefill`` one), so an entry tuned for this dtype and
+    Triton beats any stand-in."""
     gpu, cap = device_identity(device_index)
     user, shipped = _tables()
     versions = {key[2] for key in (*user, *shipped) if key[:2] == (gpu, cap)}
