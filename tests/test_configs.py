@@ -24,14 +24,18 @@ def _identity() -> tuple[str, str]:
     return configs.device_identity(DEVICE_INDEX)
 
 
-def _file(entries: list[dict], triton_ver: str | None = None, schema: int = configs.SCHEMA) -> dict:
+def _table(entries: list[dict], triton_ver: str | None = None) -> dict:
+    """This GPU's table of ``entries`` for ``triton_ver`` (default: the installed Triton)."""
     gpu, cap = _identity()
-    return {"schema": schema, "tables": [{"gpu": gpu, "capability": cap, "triton": triton_ver or
-                                          configs.triton_version(), "entries": entries}]}  # fmt: skip
+    return {"gpu": gpu, "capability": cap, "triton": triton_ver or configs.triton_version(), "entries": entries}
 
 
-def _entry(block_n: int, regime: str = "decode", head_dim: int = 64, **extra) -> dict:
-    return {"dtype": "float16", "head_dim": head_dim, "regime": regime,
+def _file(entries: list[dict], triton_ver: str | None = None, schema: int = configs.SCHEMA) -> dict:
+    return {"schema": schema, "tables": [_table(entries, triton_ver)]}
+
+
+def _entry(block_n: int, regime: str = "decode", head_dim: int = 64, dtype: str = "float16", **extra) -> dict:
+    return {"dtype": dtype, "head_dim": head_dim, "regime": regime,
             "config": {"BLOCK_N": block_n, "num_warps": 4, **extra}}  # fmt: skip
 
 
@@ -109,10 +113,8 @@ def test_tables_of_another_triton_major_version_are_not_used(tables):
 
 def _write_tables(path, tables: list[tuple[str, list[dict]]]) -> None:
     """A config file of this GPU's tables: (Triton version, entries) each."""
-    gpu, cap = _identity()
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [
-        {"gpu": gpu, "capability": cap, "triton": ver, "entries": entries} for ver, entries in tables]}))  # fmt: skip
+    path.write_text(json.dumps({"schema": configs.SCHEMA, "tables": [_table(e, ver) for ver, e in tables]}))
     configs.reload()
 
 
@@ -147,21 +149,17 @@ def test_the_other_16_bit_dtype_entry_serves_where_a_dtype_has_none(tables, quer
     fp8 = torch.float8_e4m3fn
     ver = configs.triton_version()
 
-    def entry(dtype: str, block_n: int) -> dict:
-        return {"dtype": dtype, "head_dim": 64, "regime": "decode", "config": {"BLOCK_N": block_n, "num_warps": 4}}
-
     def block_n(dtype, cache=None):
         return select_attention_config(64, 2, dtype, 1, INTERPRET, DEVICE_INDEX, cache)["BLOCK_N"]
 
-    _write_tables(user, [(ver, [entry(twin, 32), entry(twin + "+float8_e4m3fn", 16)])])
+    _write_tables(user, [(ver, [_entry(32, dtype=twin), _entry(16, dtype=twin + "+float8_e4m3fn")])])
     assert block_n(query) == 32 and block_n(query, fp8) == 16
-    _write_tables(user, [(ver, [entry(twin, 32), entry(name, 64)])])
+    _write_tables(user, [(ver, [_entry(32, dtype=twin), _entry(64, dtype=name)])])
     assert block_n(query) == 64
-    _write_tables(user, [(ver, [entry(twin, 32)])])
+    _write_tables(user, [(ver, [_entry(32, dtype=twin)])])
     assert block_n(torch.float32) == select_attention_config(64, 2, torch.float32, 1, INTERPRET, None)["BLOCK_N"]
     # Short queries take no stand-in (its entries' tiles lost to the heuristic's on the other dtype).
-    short = dict(entry(twin, 32), regime="short")
-    _write_tables(user, [(ver, [short])])
+    _write_tables(user, [(ver, [_entry(32, regime="short", dtype=twin)])])
     assert configs.lookup(DEVICE_INDEX, twin, 64, "short")["BLOCK_N"] == 32
     assert configs.lookup(DEVICE_INDEX, name, 64, "short") is None
 

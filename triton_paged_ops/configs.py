@@ -10,8 +10,8 @@ policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/trito
 written by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``; where
 neither has the installed Triton's entry, this GPU's entry measured with another Triton 3.x (nearest first), then
 the same for the other 16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short``
-launches); then the built-in
-heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
+launches); then the built-in heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD
+included.
 
 File format (JSON)::
 
@@ -320,10 +320,9 @@ def lookup(device_index: int | None, dtype: str, head_dim_pad: int, regime: str)
     Triton beats any stand-in."""
     gpu, cap = device_identity(device_index)
     user, shipped = _tables()
-    versions = {key[2] for key in (*user, *shipped) if key[:2] == (gpu, cap)}
+    # (Exact entries only: no other version's table, no twin dtype.)
+    versions = set() if _exact_only else {key[2] for key in (*user, *shipped) if key[:2] == (gpu, cap)}
     regimes = (regime, FALLBACK[regime]) if regime in FALLBACK else (regime,)
-    if _exact_only:
-        versions = set()
     twin = None if _exact_only or regime not in TWIN_REGIMES else _twin(dtype)
     for name in (dtype, twin):
         for ver in _version_order(triton_version(), versions) if name is not None else ():
