@@ -84,6 +84,23 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     return res
 
 
+def over_rounds(rounds: list[dict]) -> dict:
+    """One record from several rounds of ``measure``: each timing the median over the rounds, with every round's
+    figure beside it (a host's first seconds of calls often run slower than the rest; a round is seconds long, so
+    that shows as one high round instead of moving every figure)."""
+    import statistics
+
+    res = {}
+    for key, val in rounds[0].items():
+        if isinstance(val, float):
+            res[key] = statistics.median(r[key] for r in rounds)
+            if len(rounds) > 1:
+                res[f"{key}_rounds"] = [round(r[key], 2) for r in rounds]
+        else:
+            res[key] = val
+    return res
+
+
 def profile(num_seqs: int, context: int, top: int, calls: int = 2000) -> None:
     """Where the host time of ``torch.ops.tpa.paged_attention_out`` goes, function by function (own time)."""
     import cProfile
@@ -108,15 +125,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=256, help="keys per sequence (default 256)")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also print the N functions with most own time in 2000 torch.ops calls (cProfile)")  # fmt: skip
+    p.add_argument("--rounds", type=int, default=3,
+                   help="times the whole set is measured, in turn; each figure is the median over rounds, and "
+                   "'<name>_rounds' lists them (default 3)")  # fmt: skip
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("the overhead benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    res = measure(args.seqs, args.context)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    res = over_rounds([measure(args.seqs, args.context) for _ in range(args.rounds)])
     if args.profile:
         profile(args.seqs, args.context, args.profile)
     res["gpu"], res["torch"] = torch.cuda.get_device_name(), torch.__version__
-    text = "\n".join(f"{k:<40} {v:.1f} µs" if isinstance(v, float) else f"{k:<40} {v}" for k, v in res.items())
+    lines = []
+    for k, v in res.items():
+        if isinstance(v, float):
+            spread = ", ".join(f"{x:.1f}" for x in res.get(f"{k}_rounds", ()))
+            lines.append(f"{k:<40} {v:6.1f} µs" + (f"  (rounds: {spread})" if spread else ""))
+        elif not k.endswith("_rounds"):
+            lines.append(f"{k:<40} {v}")
+    text = "\n".join(lines)
     finish(res, text, args.out, "benchmarks.overhead", argv)
     return 0
 

@@ -1,6 +1,5 @@
 """Instruction statistics of an attention variant's loops, compiled for sm_90 without a GPU:
-``python -m benchmarks.sass [--regime {decode,short,prefill,prompts}] [--head-dim D] [--page-size P] [--config JSON]
-[--json]``.
+``python -m benchmarks.sass [--regime REGIME] [--head-dim D] [--page-size P] [--config JSON] [--json]``.
 
 Compiles the kernel variant a launch would get on an H200 (the planner with the shipped H200 table; ``--config``
 overrides launch options as ``attention_config_override`` does) with the installed Triton, assembles its PTX with
@@ -27,7 +26,8 @@ import triton
 from tests import compile_sm90
 from triton_paged_ops.kernels import attention
 
-MAX_Q = {"decode": 1, "short": 8, "prefill": 512, "prompts": 512}  # prompts: prefill said to hold no decodes
+# prompts: prefill said to hold no decodes.
+MAX_Q = compile_sm90.MAX_Q_OF_REGIME
 # Column: opcode prefixes counted in it.
 COLUMNS = {
     "mma": ("HGMMA", "HMMA"),
@@ -93,7 +93,7 @@ def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> d
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sass", description=__doc__.split("\n\n")[0])
-    p.add_argument("--regime", choices=sorted(MAX_Q), default="prefill")
+    p.add_argument("--regime", choices=sorted(set(MAX_Q) - {"decode_large"}), default="prefill")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--config", default="{}", help="launch option overrides as JSON, e.g. '{\"acc_rescale\": 2}'")

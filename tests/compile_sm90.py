@@ -121,6 +121,10 @@ def pose_as(gpu: str, capability: str, triton_version: str, num_sms: int = 132) 
     configs.reload()
 
 
+# Query bound of each regime's variant (group 4: 4 tokens fill a short_narrow tile's 16 rows, 8 a short one's 32).
+MAX_Q_OF_REGIME = {"decode": 1, "decode_large": 1, "short": 8, "short_narrow": 4, "prefill": 512, "prompts": 512}
+
+
 def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
     """Each entry of a shipped config table, compiled with the launch plan its GPU would get (the table's identity
     and Triton version, ``num_sms`` SMs): tuned tiles plus every branch the kernel adds to them (the decode tile of
@@ -132,7 +136,7 @@ def shipped_table_variants(path: Path, num_sms: int = 132) -> list[dict]:
         for e in table["entries"]:
             dtype, _, cache = e["dtype"].partition("+")
             cache_dtype = getattr(torch, cache) if cache else None
-            max_q = {"decode": 1, "decode_large": 1, "short": 8, "prefill": 512, "prompts": 512}[e["regime"]]
+            max_q = MAX_Q_OF_REGIME[e["regime"]]
             # decode_large: a batch with one (sequence, KV head) pair per SM (the variants take 8 KV heads); prompts:
             # a prefill launch said to hold no one-token sequence.
             num_seqs = -(-num_sms // 8) if e["regime"] == "decode_large" else 4

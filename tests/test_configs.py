@@ -13,7 +13,7 @@ from triton_paged_ops import configs
 from triton_paged_ops.__main__ import main
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
-from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, tune
+from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, short_q_len, tune
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = DEVICE == "cpu"
@@ -381,7 +381,7 @@ def test_decode_large_entry_serves_batches_with_a_pair_per_sm(tables):
     assert (
         configs.regime_of(1, MAX_SPLIT_Q_LEN, sms - 1, sms) == configs.regime_of(1, MAX_SPLIT_Q_LEN, 10**6) == "decode"
     )
-    assert configs.regime_of(2, MAX_SPLIT_Q_LEN, 10**6, sms) == "short"
+    assert configs.regime_of(2, MAX_SPLIT_Q_LEN, 10**6, sms, group=16) == "short"
     user.parent.mkdir()
     user.write_text(json.dumps(_file([_entry(32)])))
     configs.reload()
@@ -481,3 +481,61 @@ def test_prompts_entry_serves_prefill_launches_said_to_hold_no_decodes(tables):
     inp = build_inputs(case, seed=3, device=DEVICE)
     assert inp.decode_tail == 0
     assert check_case(inp) < 2e-3
+
+
+def test_short_launches_whose_rows_fit_one_narrow_tile_are_their_own_regime(tables):
+    """Queries of 2-16 tokens whose packed rows (tokens x GQA group) fit ``NARROW_ROWS`` are ``short_narrow``: they
+    take that regime's entry, never the ``short`` one (tuned for taller tiles), and without an entry the heuristic's
+    decode-style tile; wider short launches keep the ``short`` entry."""
+    narrow = configs.NARROW_ROWS
+    for group in (1, 2, 4, 8, 16):
+        for q in range(2, MAX_SPLIT_Q_LEN + 1):
+            want = "short_narrow" if q * group <= narrow else "short"
+            assert configs.regime_of(q, MAX_SPLIT_Q_LEN, group=group) == want, (q, group)
+        assert configs.regime_of(1, MAX_SPLIT_Q_LEN, group=group) == "decode"
+        assert configs.regime_of(MAX_SPLIT_Q_LEN + 1, MAX_SPLIT_Q_LEN, group=group) == "prefill"
+    user, _ = tables
+    user.parent.mkdir()
+    short = _entry(32, regime="short", head_dim=128, BLOCK_M=64)
+    user.write_text(json.dumps(_file([short])))
+    configs.reload()
+
+    def cfg(q: int, group: int = 4) -> dict:
+        return select_attention_config(128, group, torch.float16, q, INTERPRET, DEVICE_INDEX)
+
+    assert cfg(8)["BLOCK_N"] == 32 and cfg(5)["BLOCK_N"] == 32
+    assert cfg(4)["BLOCK_N"] != 32 and cfg(2, group=8)["BLOCK_N"] != 32
+    narrow_entry = _entry(64, regime="short_narrow", head_dim=128, programs_per_sm=3)
+    user.write_text(json.dumps(_file([short, narrow_entry])))
+    configs.reload()
+    assert cfg(4)["BLOCK_N"] == 64 and cfg(4)["programs_per_sm"] == 3
+    assert cfg(8)["BLOCK_N"] == 32 and "programs_per_sm" not in cfg(8) and cfg(1)["BLOCK_N"] != 64
+    # The heuristic (any GPU without entries): a narrow launch gets the decode tile's 16 rows, a wider one 64.
+    configs.reload()
+    with configs.without_user_file():
+        tile = lambda q: select_attention_config(128, 4, torch.bfloat16, q, False, None)["BLOCK_M"]  # noqa: E731
+        assert tile(1) == tile(4) == narrow and tile(5) == tile(16) == 64
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+def test_tuning_shapes_of_each_regime_lie_in_it(group):
+    """Every tuning shape a regime's group measures is a launch of that regime (so a short entry is never tuned on
+    narrow launches or the reverse); a group no launch of the regime can have is refused by name."""
+    from triton_paged_ops.plan import num_sms_of
+
+    sms = num_sms_of(torch.device(DEVICE))
+    for regime in ("decode", "decode_large", "short", "short_narrow", "prefill"):
+        for quick in (True, False):
+            args = (regime, 128, 8 * group, 8, 16, torch.bfloat16, False, quick)
+            narrow = configs.NARROW_ROWS
+            if (regime == "short" and group * MAX_SPLIT_Q_LEN <= narrow) or (
+                regime == "short_narrow" and 2 * group > narrow
+            ):
+                with pytest.raises(ValueError, match=f"group {group}"):
+                    shape_grid(*args, num_sms=sms)
+                continue
+            cases = shape_grid(*args, num_sms=sms)
+            for c in cases:
+                got = configs.regime_of(max(c.queries()), MAX_SPLIT_Q_LEN, len(c.kv_lens) * 8, sms, group=group)
+                assert got == regime, (regime, group, c.name)
+    assert short_q_len("short_narrow", 4) == 4 and short_q_len("short", 4) == 8

@@ -2,16 +2,17 @@
 
 A config fixes the attention kernel's tiles and launch options for one regime — ``decode`` (one query token per
 sequence), ``decode_large`` (one token per sequence in a batch with at least one (sequence, KV head) pair per SM:
-a grid that fills the GPU unsplit; a table without this entry uses its ``decode`` entry), ``short`` (up to 16,
-e.g. speculative verification), ``prefill`` or ``prompts`` (prefill launches whose caller says the batch holds no
-one-token sequence: a ``decode_tail`` hint of 0; a table without this entry uses its ``prefill`` entry; ``tune``
-does not write it, its entries come from A/B runs of ``benchmarks.ab``) — and, for the first three, the split-KV
-policy. Lookup order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``,
-written by ``python -m triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``; where
-neither has the installed Triton's entry, this GPU's entry measured with another Triton 3.x (nearest first), then
-the same for the other 16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short``
-launches); then the built-in heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD
-included.
+a grid that fills the GPU unsplit; a table without this entry uses its ``decode`` entry), ``short`` (2 to 16
+tokens, e.g. speculative verification, whose packed rows, tokens times GQA group, exceed ``NARROW_ROWS``),
+``short_narrow`` (2 to 16 tokens whose packed rows fit one decode-style tile of ``NARROW_ROWS``), ``prefill`` or
+``prompts`` (prefill launches whose caller says the batch holds no one-token sequence: a ``decode_tail`` hint of 0;
+a table without this entry uses its ``prefill`` entry; ``tune`` does not write it, its entries come from A/B runs
+of ``benchmarks.ab``) — and, for the first four, the split-KV policy. Lookup order: the user file
+(``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written by ``python -m triton_paged_ops
+tune``), then the tables shipped in ``triton_paged_ops/configs/``; where neither has the installed Triton's entry,
+this GPU's entry measured with another Triton 3.x (nearest first), then the same for the other 16-bit query dtype
+(bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short`` launches); then the built-in heuristic
+(``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
 
@@ -39,7 +40,10 @@ import torch
 import triton
 
 SCHEMA = 1
-REGIMES = ("decode", "decode_large", "short", "prefill", "prompts")
+REGIMES = ("decode", "decode_large", "short", "short_narrow", "prefill", "prompts")
+# Packed query rows (tokens x GQA group) that one decode-style tile holds: launches up to this take the decode tile
+# and, with more than one token per sequence, the ``short_narrow`` regime.
+NARROW_ROWS = 16
 # Regimes whose table entry, where missing, is another's.
 FALLBACK = {"decode_large": "decode", "prompts": "prefill"}
 TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -123,14 +127,17 @@ def padded_head_dim(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def regime_of(max_seqlen_q: int, short_limit: int, pairs: int = 0, num_sms: int = 0, no_decodes: bool = False) -> str:
+def regime_of(
+    max_seqlen_q: int, short_limit: int, pairs: int = 0, num_sms: int = 0, no_decodes: bool = False, group: int = 1
+) -> str:
     """The regime of a launch with query bound ``max_seqlen_q`` and ``pairs`` (sequence, KV head) pairs on a GPU of
     ``num_sms`` SMs (0: unknown, never ``decode_large``); ``no_decodes``: the caller says the batch holds no
-    one-token sequence (a ``decode_tail`` hint of 0), which makes a prefill launch ``prompts``."""
+    one-token sequence (a ``decode_tail`` hint of 0), which makes a prefill launch ``prompts``; ``group``: query
+    heads per KV head (a short launch whose ``max_seqlen_q * group`` rows fit ``NARROW_ROWS`` is ``short_narrow``)."""
     if max_seqlen_q <= 1:
         return "decode_large" if 0 < num_sms <= pairs else "decode"
     if max_seqlen_q <= short_limit:
-        return "short"
+        return "short_narrow" if max_seqlen_q * group <= NARROW_ROWS else "short"
     return "prompts" if no_decodes else "prefill"
 
 
@@ -278,7 +285,7 @@ def without_user_file():
 # the short entry's 64-row tiles lose 5-10% to the heuristic's 16-row ones on 4-token queries (bf16 too), so the
 # ``short`` regime takes no stand-in (NOTES v40).
 DTYPE_TWINS = {"float16": "bfloat16", "bfloat16": "float16"}
-TWIN_REGIMES = ("decode", "decode_large", "prefill", "prompts")
+TWIN_REGIMES = ("decode", "decode_large", "short_narrow", "prefill", "prompts")
 
 
 def _twin(dtype: str) -> str | None:

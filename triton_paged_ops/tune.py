@@ -79,6 +79,12 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
         if not quick:
             space = {"BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (1, 2, 3),
                      "programs_per_sm": (2, 4, 8)}  # fmt: skip
+    elif regime == "short_narrow":
+        # The decode tile's shape with a few tokens' rows in it: KV tile width, pipeline and split policy as decode.
+        space = {"BLOCK_N": (64, 128), "num_warps": (4, 8), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
+        if not quick:
+            space = {"BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8), "num_stages": (2, 3),
+                     "programs_per_sm": (2, 4, 8)}  # fmt: skip
     elif regime == "short":
         space = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "num_warps": (4,), "num_stages": (2, 3)}
         if not quick:
@@ -92,6 +98,22 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
     return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
 
+def short_q_len(regime: str, gqa: int) -> int:
+    """Query tokens of a short regime's tuning shapes for GQA group ``gqa``: ``short_narrow`` the most whose packed
+    rows fit ``configs.NARROW_ROWS`` (4 at group 4), ``short`` the fewest (a power of two) whose rows do not."""
+    narrow = max(1, configs.NARROW_ROWS // gqa)
+    if regime == "short_narrow":
+        if narrow < 2:
+            raise ValueError(f"no short launch of GQA group {gqa} has its packed rows in one narrow tile")
+        return min(narrow, MAX_SPLIT_Q_LEN)
+    q_len = 2
+    while q_len * gqa <= configs.NARROW_ROWS:
+        q_len *= 2
+    if q_len > MAX_SPLIT_Q_LEN:
+        raise ValueError(f"every short launch of GQA group {gqa} is short_narrow: tune that regime")
+    return q_len
+
+
 def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
                dtype: torch.dtype, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None,
                num_sms: int = 132) -> list[Case]:  # fmt: skip
@@ -99,7 +121,10 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
     ``num_sms`` SMs."""
     common = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
               "page_size": page_size, "dtype": dtype, "cache_dtype": cache_dtype}  # fmt: skip
-    q_len = {"decode": 1, "decode_large": 1, "short": 4, "prefill": 256}[regime]
+    if regime in ("short", "short_narrow"):
+        q_len = short_q_len(regime, num_q_heads // num_kv_heads)
+    else:
+        q_len = {"decode": 1, "decode_large": 1, "prefill": 256}[regime]
     # Sequences of the smallest batch with one (sequence, KV head) pair per SM: decode_large starts there.
     full = -(-num_sms // num_kv_heads)
     if interpret:
@@ -274,7 +299,10 @@ def _table_entry(group: Group, interpret: bool, device: str) -> dict:
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
     """The tiles (and any tuned split policy) the shipped table or heuristic gives this group."""
-    q_len = {"decode": 1, "decode_large": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
+    if group.regime == "short_narrow":
+        q_len = short_q_len(group.regime, gqa)
+    else:
+        q_len = {"decode": 1, "decode_large": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
     index = _table_device(interpret, device)
     with configs.without_user_file():
         cfg = select_attention_config(configs.padded_head_dim(group.head_dim), gqa, group.dtype, q_len, interpret,

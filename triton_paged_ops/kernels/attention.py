@@ -655,7 +655,8 @@ def select_attention_config(
 
     A tuned table entry for this GPU (``configs.lookup``) wins over the built-in heuristic, and an active
     ``attention_config_override`` over both. Keys only on values fixed per model (head dim, GQA group, dtype) plus
-    the regime: from the host-side bound ``max_seqlen_q`` and, for one-token queries, whether the launch's
+    the regime: from the host-side bound ``max_seqlen_q`` (with the group: whether a short launch's packed rows
+    fit one decode-style tile, ``short_narrow``) and, for one-token queries, whether the launch's
     ``pairs`` (sequences x KV heads, a shape) reach one per SM (``decode_large``; a table without that entry gives
     its ``decode`` one) and ``no_decodes`` (the caller says the batch holds no one-token sequence: a prefill launch
     is then ``prompts``). ``regime`` forces one. So a serving loop compiles a bounded set of variants.
@@ -665,8 +666,9 @@ def select_attention_config(
         # The interpreter pays per operation, not per element: few large tiles are fastest.
         cfg = {"BLOCK_M": max(128, group_pad), "BLOCK_N": 128, "num_warps": 4, "num_stages": 1}
     else:
-        if max_seqlen_q * group <= 16:
-            # Decode: one token's packed heads per tile. Memory-bound, so wide KV tiles keep more bytes in flight.
+        if max_seqlen_q * group <= configs.NARROW_ROWS:
+            # Decode (and short queries with as few packed rows): one tile of packed rows. Memory-bound, so wide KV
+            # tiles keep more bytes in flight.
             block_m, block_n = max(16, group_pad), 64 if head_dim_pad > 128 else 128
         elif max_seqlen_q <= MAX_SPLIT_Q_LEN:
             block_m, block_n = max(64, group_pad), 64  # short queries (speculative verification)
@@ -678,7 +680,7 @@ def select_attention_config(
         num_sms = 0
         if max_seqlen_q <= 1 and pairs > 0:
             num_sms = num_sms_at(None if interpret else device_index)
-        regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms, no_decodes)
+        regime = configs.regime_of(max_seqlen_q, MAX_SPLIT_Q_LEN, pairs, num_sms, no_decodes, group)
     table_device, name = None if interpret else device_index, configs.dtype_name(dtype, cache_dtype)
     tuned = configs.lookup(table_device, name, head_dim_pad, regime)
     if tuned:
