@@ -120,7 +120,7 @@ def prefill_cases() -> list[Case]:
 
 def short_cases() -> list[Case]:
     """A few new tokens per sequence on long contexts (speculative verification): 4-token queries (16 packed rows at
-    GQA group 4, the ``short_narrow`` regime) at three head dims, 8 and 16 tokens (``short``)."""
+    GQA group 4, the ``short_narrow`` regime) at three head dims, 8 and 16 tokens (``short``, 16 at two)."""
     return [
         Case("short B32x4k q4", [4096] * 32, q_len=4),
         Case("short B64x2k q8", [2048] * 64, q_len=8),
@@ -128,6 +128,7 @@ def short_cases() -> list[Case]:
         Case("short B64x4k q4 page64", [4096] * 64, q_len=4, page_size=64),
         Case("short B32x4k q4 D64", [4096] * 32, q_len=4, head_dim=64),
         Case("short B32x4k q4 D256", [4096] * 32, q_len=4, head_dim=256),
+        Case("short B8x8k q16 D256", [8192] * 8, q_len=16, head_dim=256),
     ]
 
 

@@ -147,6 +147,11 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
         lens = [[8192] * min(4, small), [32768]] if quick else [[32768], [8192] * min(4, small), [4096] * small]
     else:
         lens = [[8192] * 4, [2048] * 64] if quick else [[32768], [4096] * 8, [4096] * 32, [8192] * 64, [2048] * 256]
+        if regime == "short":
+            # One entry serves every short launch, from just past a narrow tile's rows to MAX_SPLIT_Q_LEN tokens
+            # (H200 D256: a 32-row tile won by 29% on 8-token shapes alone): shapes alternate between both ends.
+            ends = (q_len, MAX_SPLIT_Q_LEN)
+            return [Case(f"{regime}{i}", kv, q_len=ends[i % 2], **common) for i, kv in enumerate(lens)]
     return [Case(f"{regime}{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
 
 
