@@ -232,14 +232,23 @@ def test_tune_end_to_end_is_deterministic_and_resumable(tables):
 
 
 @pytest.mark.skipif(not INTERPRET, reason="tiny interpreter grid; GPU tuning is recorded separately")
-def test_tune_keeps_the_baseline_when_nothing_beats_it(tables):
-    user, _ = tables
+@pytest.mark.parametrize("shipped_entry", [False, True])
+def test_tune_keeps_the_baseline_when_nothing_beats_it(tables, shipped_entry):
+    """The baseline written: its tiles and split policy plus the shipped entry's own keys, not the launch options
+    every config gets by default; lookups then give the very config that was measured."""
+    _, shipped = tables
+    if shipped_entry:
+        (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32, page_guard=1, max_segment=1024)])))
+        configs.reload()
     baseline = select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)
     records = tune([torch.float16], [64], ["decode"], num_q_heads=4, num_kv_heads=2, page_size=16, device="cpu",
                    stream=io.StringIO(), timer=lambda fn, cfg: (fn(), 1.0 if not cfg else 2.0)[1])  # fmt: skip
     assert records[0]["total_us"] == records[0]["baseline_us"]
-    written = configs.lookup(None, "float16", 64, "decode")
-    assert written == {k: v for k, v in baseline.items() if k in configs.CONFIG_KEYS}
+    written = configs.read_file(configs.user_config_path())
+    (entry,) = written.values()
+    keys = {*configs.TILE_KEYS, *configs.SPLIT_KEYS} | ({"page_guard"} if shipped_entry else set())
+    assert entry == {k: v for k, v in baseline.items() if k in keys}
+    assert ("page_guard" in entry) == shipped_entry and "kv_offsets" not in entry
     assert select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) == baseline
 
 

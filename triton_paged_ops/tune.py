@@ -303,16 +303,21 @@ def _table_entry(group: Group, interpret: bool, device: str) -> dict:
 
 
 def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> dict:
-    """The tiles (and any tuned split policy) the shipped table or heuristic gives this group."""
+    """The tiles, split policy and any other keys of the shipped table's entry that the shipped table or heuristic
+    gives this group (not the launch options every config gets by default: a written entry pins only what it
+    chose)."""
     if group.regime == "short_narrow":
         q_len = short_q_len(group.regime, gqa)
     else:
         q_len = {"decode": 1, "decode_large": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
     index = _table_device(interpret, device)
+    dim = configs.padded_head_dim(group.head_dim)
     with configs.without_user_file():
-        cfg = select_attention_config(configs.padded_head_dim(group.head_dim), gqa, group.dtype, q_len, interpret,
-                                      index, group.cache_dtype, regime=group.regime)  # fmt: skip
-    return {k: v for k, v in cfg.items() if k in configs.CONFIG_KEYS}
+        cfg = select_attention_config(dim, gqa, group.dtype, q_len, interpret, index, group.cache_dtype,
+                                      regime=group.regime)  # fmt: skip
+        shipped = configs.lookup(index, group.key(), dim, group.regime) or {}
+    keep = {*configs.TILE_KEYS, *configs.SPLIT_KEYS, *shipped}
+    return {k: v for k, v in cfg.items() if k in keep}
 
 
 def _measure(cand: dict, inputs: list, timer: Timer) -> float:
