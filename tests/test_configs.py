@@ -143,7 +143,7 @@ def test_another_triton_minor_version_serves_where_the_installed_one_has_no_entr
 @pytest.mark.parametrize("query,twin", [(torch.float16, "bfloat16"), (torch.bfloat16, "float16")])
 def test_the_other_16_bit_dtype_entry_serves_where_a_dtype_has_none(tables, query, twin):
     """An fp16 launch takes the bf16 entry where the tables have no fp16 one (and back), fp8 caches included
-    (``<query>+float8_e4m3fn``); its own entry wins; fp32 has no stand-in, nor do short queries."""
+    (``<query>+float8_e4m3fn``); its own entry wins; fp32 has no stand-in, nor do ``short`` launches."""
     user, _ = tables
     name = configs.dtype_name(query)
     fp8 = torch.float8_e4m3fn
@@ -158,10 +158,14 @@ def test_the_other_16_bit_dtype_entry_serves_where_a_dtype_has_none(tables, quer
     assert block_n(query) == 64
     _write_tables(user, [(ver, [_entry(32, dtype=twin)])])
     assert block_n(torch.float32) == select_attention_config(64, 2, torch.float32, 1, INTERPRET, None)["BLOCK_N"]
-    # Short queries take no stand-in (its entries' tiles lost to the heuristic's on the other dtype).
-    _write_tables(user, [(ver, [_entry(32, regime="short", dtype=twin)])])
+    # Short queries take no stand-in (its entries' tiles lost to the heuristic's on the other dtype); narrow ones,
+    # on the decode tile, do.
+    _write_tables(
+        user, [(ver, [_entry(32, regime="short", dtype=twin), _entry(64, regime="short_narrow", dtype=twin)])]
+    )
     assert configs.lookup(DEVICE_INDEX, twin, 64, "short")["BLOCK_N"] == 32
     assert configs.lookup(DEVICE_INDEX, name, 64, "short") is None
+    assert configs.lookup(DEVICE_INDEX, name, 64, "short_narrow")["BLOCK_N"] == 64
 
 
 def test_unreadable_user_path_does_not_crash(tables, monkeypatch, tmp_path):
