@@ -283,8 +283,9 @@ def without_user_file():
 # tensor-core rate and tiles (an fp8 cache under an fp16 query is read as under a bf16 one, through fp16). H200,
 # fp16 on the bf16 entries against the heuristic: prefill -21..-35% (D64 +1%), decode equal or better (D64 -21%);
 # the short entry's 64-row tiles lose 5-10% to the heuristic's 16-row ones on 4-token queries (bf16 too), so the
-# ``short`` regime takes no stand-in (NOTES v40). ``short_narrow`` launches (the decode-style tile) on the bf16
-# entries: within 1%, D64 10% faster (NOTES v41).
+# ``short`` regime took no stand-in (NOTES v40). Those 4-token launches are ``short_narrow`` now (the decode-style
+# tile), which does: on the bf16 entries within 1%, D64 10% faster (NOTES v41); ``short`` (8-16 tokens at GQA 4)
+# with the stand-in is not measured, so it stays without.
 DTYPE_TWINS = {"float16": "bfloat16", "bfloat16": "float16"}
 TWIN_REGIMES = ("decode", "decode_large", "short_narrow", "prefill", "prompts")
 
