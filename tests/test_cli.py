@@ -230,3 +230,16 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     assert {c.dtype for c in halves} == {torch.float16}
     assert [c.cache_dtype for c in halves] == [c.cache_dtype for c in decode]
     assert any(c.cache_dtype == torch.float8_e4m3fn for c in halves)
+
+
+def test_overhead_rounds_give_each_timing_its_median_and_keep_every_round():
+    """``benchmarks.overhead`` measures the set several times: each timing becomes the median of its rounds (a slow
+    first round moves no figure), every round's value is kept beside it, other fields pass through."""
+    from benchmarks.overhead import over_rounds
+
+    rounds = [{"call": 30.0, "floor": 9.0, "num_launches": 1}, {"call": 20.0, "floor": 5.0, "num_launches": 1},
+              {"call": 21.0, "floor": 5.5, "num_launches": 1}]  # fmt: skip
+    res = over_rounds(rounds)
+    assert res["call"] == 21.0 and res["floor"] == 5.5 and res["num_launches"] == 1
+    assert res["call_rounds"] == [30.0, 20.0, 21.0] and res["floor_rounds"] == [9.0, 5.0, 5.5]
+    assert over_rounds(rounds[:1]) == rounds[0]
