@@ -116,3 +116,14 @@ def test_kernels_compile_for_other_gpus_within_their_shared_memory():
     # Fitted where the heuristic's own tiles did not fit (D256 short queries: 64x64 needed 104 KB on sm_89, 72 KB
     # of LDS on gfx942).
     assert "'BLOCK_N': 32" in plans["L4 bfloat16 D256 short"] and "'BLOCK_N': 32" in plans["MI300X bfloat16 D256 short"]
+
+
+def test_register_cap_reaches_the_compiler_and_two_programs_fit_an_sm():
+    """``maxnreg`` goes to the compiler as a launch option: a 128-row, 8-warp prompt tile capped at 128 registers per
+    thread compiles within them, and with 2 stages two such programs fit an SM's registers and shared memory."""
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2, "ids_ahead": 1, "maxnreg": 128}
+    stats = _compiled("benchmarks.sass", "--regime", "prompts", "--config", json.dumps(cfg), "--json")
+    assert "'maxnreg': 128" in stats["variant"]
+    assert 0 < stats["registers"] <= 128
+    # Two programs' registers (8 warps of 32 threads each) in the SM's 64K, their shared memory in its 228 KiB.
+    assert 2 * stats["registers"] * 8 * 32 <= 65536 and 2 * stats["shared_bytes"] <= SM90_SHARED_BYTES

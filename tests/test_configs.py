@@ -90,8 +90,9 @@ def test_table_tile_height_grows_to_hold_a_wide_gqa_group(tables):
         (json.dumps(_file([{"dtype": "float16", "regime": "decode"}])), "malformed entry"),
         (json.dumps(_file([_entry(32, regime="sometimes")])), "unknown regime"),
         (json.dumps(_file([_entry(32, num_warps=3)])), "num_warps"),
+        (json.dumps(_file([_entry(32, maxnreg=300)])), "maxnreg must be 24 to 255"),
     ],
-    ids=["corrupt", "schema", "bad-tile", "malformed", "regime", "warps"],
+    ids=["corrupt", "schema", "bad-tile", "malformed", "regime", "warps", "registers"],
 )
 def test_bad_user_file_warns_and_falls_back(tables, content, warning):
     user, shipped = tables

@@ -46,7 +46,10 @@ REGIMES = ("decode", "decode_large", "short", "short_narrow", "prefill", "prompt
 NARROW_ROWS = 16
 # Regimes whose table entry, where missing, is another's.
 FALLBACK = {"decode_large": "decode", "prompts": "prefill"}
-TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+# Tiles and the compiler's options: tile height and width, warps, pipeline stages, and a cap on registers per thread
+# (``maxnreg``; NVIDIA only, unset: the compiler's choice), which with the shared memory decides how many CTAs an SM
+# holds at once.
+TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "maxnreg")
 # Split policy of decode and short queries (plan.plan_splits): program slots per SM, segment bounds in keys, the
 # shortest segment of a grid that leaves SMs idle, and the share (%) of the slots a grid must fill without splitting.
 SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment", "fill_segment", "fill_percent")
@@ -155,6 +158,8 @@ def validate_config(cfg: object) -> str | None:
             return f"{key} must be a power of two >= 16, got {cfg[key]}"
     if cfg.get("num_warps", 4) not in (1, 2, 4, 8, 16):
         return f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']}"
+    if not 24 <= cfg.get("maxnreg", 255) <= 255:
+        return f"maxnreg must be 24 to 255 registers, got {cfg['maxnreg']}"
     if cfg.get("num_stages", 2) > 8:
         return f"num_stages must be <= 8, got {cfg['num_stages']}"
     if cfg.get("fill_percent", 100) > 100:

@@ -1570,6 +1570,9 @@ def _cached_launch_plan(
         PAGE_IDS=cfg["page_ids"],
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    if "maxnreg" in cfg and not interpret and device_index is not None and not device_is_amd(device_index):
+        # A register cap lets two 8-warp programs share an SM (128 registers per thread), at the price of spills.
+        options["maxnreg"] = cfg["maxnreg"]
     if batch_invariant and (softcap > 0.0 or has_alibi):
         # The cap and the ALiBi term put a product in front of the softmax's subtraction; without contraction the
         # compiler cannot fuse such a pair into one fma in one variant and not in another. (The last-bit differences
