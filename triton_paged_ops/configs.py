@@ -258,30 +258,26 @@ _exact_only = False
 
 
 @contextlib.contextmanager
-def exact_entries_only():
+def _lookup_mode(flag: str):
+    """The module flag ``flag`` set for the block, the tables and lookups reloaded on entry and on exit."""
+    globals()[flag] = True
+    reload()
+    try:
+        yield
+    finally:
+        globals()[flag] = False
+        reload()
+
+
+def exact_entries_only() -> contextlib.AbstractContextManager:
     """Lookups in this block take only entries for the installed Triton and the launch's own dtype (no stand-ins
     from another Triton or the 16-bit twin dtype): to measure what the stand-ins give."""
-    global _exact_only
-    _exact_only = True
-    reload()
-    try:
-        yield
-    finally:
-        _exact_only = False
-        reload()
+    return _lookup_mode("_exact_only")
 
 
-@contextlib.contextmanager
-def without_user_file():
+def without_user_file() -> contextlib.AbstractContextManager:
     """Lookups in this block see only the shipped tables and the heuristic (``tune``'s baseline)."""
-    global _ignore_user_file
-    _ignore_user_file = True
-    reload()
-    try:
-        yield
-    finally:
-        _ignore_user_file = False
-        reload()
+    return _lookup_mode("_ignore_user_file")
 
 
 # 16-bit query dtypes that stand in for each other where a table has entries for one only: the same element size,

@@ -114,6 +114,13 @@ def short_q_len(regime: str, gqa: int) -> int:
     return q_len
 
 
+def tuning_q_len(regime: str, gqa: int) -> int:
+    """Query tokens per sequence of a regime's tuning shapes (and of its baseline's launch), GQA group ``gqa``."""
+    if regime in ("short", "short_narrow"):
+        return short_q_len(regime, gqa)
+    return {"decode": 1, "decode_large": 1, "prefill": 256}[regime]
+
+
 def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
                dtype: torch.dtype, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None,
                num_sms: int = 132) -> list[Case]:  # fmt: skip
@@ -121,10 +128,7 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
     ``num_sms`` SMs."""
     common = {"num_q_heads": num_q_heads, "num_kv_heads": num_kv_heads, "head_dim": head_dim,
               "page_size": page_size, "dtype": dtype, "cache_dtype": cache_dtype}  # fmt: skip
-    if regime in ("short", "short_narrow"):
-        q_len = short_q_len(regime, num_q_heads // num_kv_heads)
-    else:
-        q_len = {"decode": 1, "decode_large": 1, "prefill": 256}[regime]
+    q_len = tuning_q_len(regime, num_q_heads // num_kv_heads)
     # Sequences of the smallest batch with one (sequence, KV head) pair per SM: decode_large starts there.
     full = -(-num_sms // num_kv_heads)
     if interpret:
@@ -147,12 +151,10 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
         lens = [[8192] * min(4, small), [32768]] if quick else [[32768], [8192] * min(4, small), [4096] * small]
     else:
         lens = [[8192] * 4, [2048] * 64] if quick else [[32768], [4096] * 8, [4096] * 32, [8192] * 64, [2048] * 256]
-        if regime == "short":
-            # One entry serves every short launch, from just past a narrow tile's rows to MAX_SPLIT_Q_LEN tokens
-            # (H200 D256: a 32-row tile won by 29% on 8-token shapes alone): shapes alternate between both ends.
-            ends = (q_len, MAX_SPLIT_Q_LEN)
-            return [Case(f"{regime}{i}", kv, q_len=ends[i % 2], **common) for i, kv in enumerate(lens)]
-    return [Case(f"{regime}{i}", kv, q_len=q_len, **common) for i, kv in enumerate(lens)]
+    # One short entry serves every short launch, from just past a narrow tile's rows to MAX_SPLIT_Q_LEN tokens (H200
+    # D256: a 32-row tile won by 29% on 8-token shapes alone): its shapes alternate between both ends.
+    ends = (q_len, MAX_SPLIT_Q_LEN) if regime == "short" else (q_len,)
+    return [Case(f"{regime}{i}", kv, q_len=ends[i % len(ends)], **common) for i, kv in enumerate(lens)]
 
 
 def gpu_timer(fn: Callable[[], object], config: dict) -> float:
@@ -306,15 +308,11 @@ def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> di
     """The tiles, split policy and any other keys of the shipped table's entry that the shipped table or heuristic
     gives this group (not the launch options every config gets by default: a written entry pins only what it
     chose)."""
-    if group.regime == "short_narrow":
-        q_len = short_q_len(group.regime, gqa)
-    else:
-        q_len = {"decode": 1, "decode_large": 1, "short": MAX_SPLIT_Q_LEN, "prefill": MAX_SPLIT_Q_LEN + 1}[group.regime]
     index = _table_device(interpret, device)
     dim = configs.padded_head_dim(group.head_dim)
     with configs.without_user_file():
-        cfg = select_attention_config(dim, gqa, group.dtype, q_len, interpret, index, group.cache_dtype,
-                                      regime=group.regime)  # fmt: skip
+        cfg = select_attention_config(dim, gqa, group.dtype, tuning_q_len(group.regime, gqa), interpret, index,
+                                      group.cache_dtype, regime=group.regime)  # fmt: skip
         shipped = configs.lookup(index, group.key(), dim, group.regime) or {}
     keep = {*configs.TILE_KEYS, *configs.SPLIT_KEYS, *shipped}
     return {k: v for k, v in cfg.items() if k in keep}
