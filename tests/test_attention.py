@@ -593,10 +593,10 @@ def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True, ca
         assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
 
 
-def _assert_close_under(p, overrides: list[dict]) -> None:
-    """The built batch ``p`` run under each config override (outputs NaN-poisoned first): every run close to the
-    reference (the overrides may change the arithmetic)."""
-    _assert_same_bits_under(p, overrides, same_bits=False)
+def _assert_close_under(p, overrides: list[dict], calls: list[dict] | None = None) -> None:
+    """The built batch ``p`` run under each config override (outputs NaN-poisoned first; ``calls``: extra call
+    arguments per run): every run close to the reference (the overrides may change the arithmetic)."""
+    _assert_same_bits_under(p, overrides, same_bits=False, calls=calls)
 
 
 @pytest.mark.parametrize("guard", [1, 2])
@@ -749,7 +749,8 @@ def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
     """A program computes its block whatever position dispatched it: with the ``decode_tail`` hint (right or
     wrong) the interleaved order gives the batch's bits (chunks on a prefix, then one-token rows, with sinks), all
     close to the reference. The order is taken only with a hint > 0 and ``mixed_order`` 2, and never for a lone
-    sequence."""
+    sequence. A wrong hint of 0 (no one-token rows) compiles the launch without the one-token branch: its rows then
+    take the tall tile, still close to the reference."""
     spec = Spec(q_lens=[40, 20, 1, 1, 1, 1, 1], kv_lens=[200, 150, 177, 3, 60, 1, 90], pad_tokens=2, page_size=16,
                 num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
                 window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
@@ -760,8 +761,11 @@ def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
     for order, hint, expect in ((1, 5, 1), (2, -1, 1), (2, 0, 1), (2, 5, 2)):
         with attention_config_override(**cfg, mixed_order=order):
             assert _launch_plan(p, decode_tail=hint).constexprs["MIXED_ORDER"] == expect
-    hints = (-1, 5, 0, 2, 7)  # unknown, right, and three wrong ones
+    hints = (-1, 5, 2, 7)  # unknown, right, and two wrong ones
     _assert_same_bits_under(p, [dict(cfg, mixed_order=2)] * len(hints), calls=[{"decode_tail": h} for h in hints])
+    with attention_config_override(**cfg):
+        assert [_launch_plan(p, decode_tail=h).constexprs["SMALL_M"] > 0 for h in (-1, 0, 5)] == [True, False, True]
+    _assert_close_under(p, [cfg], calls=[{"decode_tail": 0}])
     # A lone sequence has no tail beside other work: the hint leaves its launch alone.
     one = build(dataclasses.replace(spec, q_lens=[40], kv_lens=[200]), DEVICE)
     with attention_config_override(**cfg, mixed_order=2):

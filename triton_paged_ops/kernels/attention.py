@@ -1505,8 +1505,9 @@ def _cached_launch_plan(
     # sequence length, which lets the kernel drop the causal mask (the tile's other rows are padding).
     block_q = 1 if max_seqlen_q == 1 else max(1, cfg["BLOCK_M"] // group)
     small_m = small_n = 0
-    if not batch_invariant and max_seqlen_q > 1:
-        # One-token sequences in a launch of taller tiles (a mixed batch) take the decode tile.
+    if not batch_invariant and max_seqlen_q > 1 and decode_tail != 0:
+        # One-token sequences in a launch of taller tiles (a mixed batch) take the decode tile. A batch said to hold
+        # none (hint 0) compiles without that branch: its buffers no longer set the launch's shared memory.
         small = select_attention_config(head_dim_pad, group, dtype, 1, interpret, device_index, cache_dtype)
         small_m = min(small["BLOCK_M"], max(16, triton.next_power_of_2(group)))
         # No wider than the launch's own KV tile: the kernel's shared memory is the larger branch's, the tall tiles
