@@ -471,8 +471,9 @@ def test_matches_reference_large_bf16(spec):
 @given(data=st.data())
 def test_prompt_batches_said_to_hold_no_decodes(data):
     """Prefill batches passed with ``decode_tail`` 0 take the table's ``prompts`` entry where it has one (the
-    H200's bf16 D128 entry: 16-warp programs): whole prompts and chunks on a prefix, pages of 1, 16 and 64 keys,
-    sinks, padding rows, against the reference (NaN-poisoned outputs), with the entry's tiles."""
+    H200's bf16 D128 entry: 16-warp programs; D64: two 8-warp programs per SM under a register cap): whole prompts
+    and chunks on a prefix, pages of 1, 16 and 64 keys, sinks, padding rows, against the reference (NaN-poisoned
+    outputs), with the entry's tiles."""
     from triton_paged_ops import configs
 
     batch = data.draw(st.integers(1, 5))
@@ -480,22 +481,25 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     q_lens[0] = max(q_lens[0], MAX_SPLIT_Q_LEN + 1)
     kv_lens = [q + data.draw(st.sampled_from((0, data.draw(st.integers(1, 3000))))) for q in q_lens]
     page_size = data.draw(st.sampled_from((1, 16, 64)))
+    head_dim = data.draw(st.sampled_from((64, 128)))
     gen = torch.Generator(device=DEVICE).manual_seed(data.draw(st.integers(0, 2**31 - 1)))
-    p = random_paged_batch(q_lens, kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=page_size,
+    p = random_paged_batch(q_lens, kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=head_dim, page_size=page_size,
                            dtype=torch.bfloat16, device=DEVICE, generator=gen, pad_tokens=3)  # fmt: skip
     extra = {"sinks": torch.randn(32, device=DEVICE)} if data.draw(st.booleans()) else {}
     hint = tpa.decode_tail_of(q_lens)
     assert hint == 0
     lp = attention_launch_plan(
-        num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=page_size, dtype=torch.bfloat16,
-        cache_dtype=torch.bfloat16, num_seqs=batch, max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), causal=True,
-        window_left=-1, softcap=0.0, has_alibi=False, has_sinks=bool(extra), has_k_scale=False, has_v_scale=False,
-        has_rows=False, want_lse=True, device_index=torch.cuda.current_device(), interpret=False, decode_tail=hint,
+        num_q_heads=32, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=page_size,
+        dtype=torch.bfloat16, cache_dtype=torch.bfloat16, num_seqs=batch, max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(kv_lens), causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_sinks=bool(extra),
+        has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True, device_index=torch.cuda.current_device(),
+        interpret=False, decode_tail=hint,
     )  # fmt: skip
-    entry = configs.lookup(torch.cuda.current_device(), "bfloat16", 128, "prompts")
+    entry = configs.lookup(torch.cuda.current_device(), "bfloat16", head_dim, "prompts")
     if entry is not None:
         assert lp.options["num_warps"] == entry["num_warps"]
-    out = torch.full((p.q.shape[0], 32, 128), float("nan"), dtype=p.q.dtype, device=DEVICE)
+        assert lp.options.get("maxnreg") == entry.get("maxnreg")
+    out = torch.full((p.q.shape[0], 32, head_dim), float("nan"), dtype=p.q.dtype, device=DEVICE)
     lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
     tpa.paged_attention_out(*p.args, **extra, decode_tail=hint, out=out, lse=lse)
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], p.scale, **extra)

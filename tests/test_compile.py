@@ -43,7 +43,7 @@ def test_kernels_compile_for_sm90_within_shared_memory():
     names = {r["name"]: r["plan"] for r in results if "plan" in r}
     for gpu, e in entries:
         plan = names[f"{gpu} {e['dtype']} D{e['head_dim']} {e['regime']}"]
-        tiles = ("BLOCK_N", "num_stages", "num_warps")
+        tiles = ("BLOCK_N", "num_stages", "num_warps", "maxnreg")
         assert all(f"'{k}': {v}" in plan for k, v in e["config"].items() if k in tiles), plan
     # The block-copy variants were compiled with their descriptors; a D256 prefill tile, whose copies would not fit
     # the shared memory, gathers.
@@ -60,6 +60,7 @@ def test_kernels_compile_for_sm90_within_shared_memory():
                      "prefill page ids ahead D256": False}, ahead  # fmt: skip
     table = {r["name"]: r["ids_ahead"] for r in results if r["name"].startswith("NVIDIA H200 bfloat16 D")}
     assert {n: a for n, a in table.items() if a} == {"NVIDIA H200 bfloat16 D64 prefill": True,
+                                                     "NVIDIA H200 bfloat16 D64 prompts": True,
                                                      "NVIDIA H200 bfloat16 D128 prefill": True,
                                                      "NVIDIA H200 bfloat16 D128 prompts": True}, table  # fmt: skip
     assert not any(r.get("ids_ahead") for r in results if r["name"] in ("prefill D256", "prefill all features"))
