@@ -71,10 +71,10 @@ _ATTENTION_PARAMS = """
         their work interleaved with the prompts' (``mixed_order``), so the decode rows stream while the prompts
         compute; one whose batch holds no one-token sequence (0) takes the tiles measured for prompts alone (the
         config table's ``prompts`` entry, where it has one: on the H200 at head dim 128, programs of 16 warps,
-        which would slow a mixed batch's decode rows), compiled without the branch for one-token rows (whose KV
-        buffers would otherwise count in the launch's shared memory). Any value gives correct results, the same
-        bits except where 0 selects other tiles (a wrong value costs time; debug mode names it). Ignored by
-        decode launches and in batch-invariant mode.
+        which would slow a mixed batch's decode rows; at 64, two 8-warp programs per SM), compiled without the
+        branch for one-token rows (whose KV buffers would otherwise count in the launch's shared memory). Any
+        value gives correct results, the same bits except where 0 selects other tiles (a wrong value costs time;
+        debug mode names it). Ignored by decode launches and in batch-invariant mode.
 """
 
 
