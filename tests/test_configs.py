@@ -11,6 +11,7 @@ import torch
 
 from triton_paged_ops import configs
 from triton_paged_ops.__main__ import main
+from triton_paged_ops.checks import decode_tail_of
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, short_q_len, tune
@@ -284,6 +285,49 @@ def test_tune_writes_the_table_options_its_winner_ran_with(tables):
     assert ran and all(run == select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) for run in ran)
 
 
+@pytest.mark.skipif(not INTERPRET, reason="tiny interpreter grid; GPU tuning is recorded separately")
+def test_tune_measures_prompts_with_their_layout_hint(tables, monkeypatch):
+    """The ``prompts`` group's timed and checked calls pass the batches' ``decode_tail`` hint (0: no one-token rows),
+    so they are prompts launches over the table's ``prompts`` entry; every other group's calls pass none (-1), so
+    a prefill group is timed and checked as the launches its entry serves. The winner is written under its regime
+    with the entry's other keys."""
+    from triton_paged_ops import api
+
+    _, shipped = tables
+    entries = [_entry(32, regime="prefill", BLOCK_M=32, acc_rescale=1),
+               _entry(32, regime="prompts", BLOCK_M=32, acc_rescale=2)]  # fmt: skip
+    (shipped / "gpu.json").write_text(json.dumps(_file(entries)))
+    configs.reload()
+    real, hints = api.paged_attention_out, []
+
+    def spy(*args, **kwargs):
+        hints.append(kwargs.get("decode_tail", -1))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "paged_attention_out", spy)
+    kw = {"num_q_heads": 4, "num_kv_heads": 2, "page_size": 16, "device": "cpu", "stream": io.StringIO()}
+    for regime, hint, rescale in (("prompts", 0, 2), ("prefill", -1, 1)):
+        hints.clear()
+        records = tune([torch.float16], [64], [regime], timer=CountingTimer(), **kw)
+        assert hints and set(hints) == {hint}, (regime, set(hints))
+        want = min(candidates(regime, True, False), key=_cost)
+        assert records[0]["winner"] == configs.lookup(None, "float16", 64, regime) == {**want, "acc_rescale": rescale}
+
+
+def test_prompts_candidates_hold_the_measured_forms():
+    """``prompts`` candidates (GPU): valid configs whose warps each get 16 of the tile's rows, holding the forms
+    that won on the H200 (D128: 256x64 tiles at 16 warps; D64: 128x64 tiles, two 8-warp programs per SM under a
+    128-register cap), quick and full; the ``prefill`` candidates hold no capped or 16-warp form (mixed launches'
+    one-token rows run on the same warps)."""
+    won = [{"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3},
+           {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}]  # fmt: skip
+    for quick in (True, False):
+        cands = candidates("prompts", False, quick)
+        assert all(configs.validate_config(c) is None and c["BLOCK_M"] >= 16 * c["num_warps"] for c in cands)
+        assert all(w in cands for w in won) and len(cands) == len({json.dumps(c, sort_keys=True) for c in cands})
+        assert not any("maxnreg" in c or c["num_warps"] > 8 for c in candidates("prefill", False, quick))
+
+
 def test_tune_command_line_arguments(tables, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["tune", "--dtype", "int8"])
@@ -538,7 +582,7 @@ def test_tuning_shapes_of_each_regime_lie_in_it(group):
     from triton_paged_ops.plan import num_sms_of
 
     sms = num_sms_of(torch.device(DEVICE))
-    for regime in ("decode", "decode_large", "short", "short_narrow", "prefill"):
+    for regime in ("decode", "decode_large", "short", "short_narrow", "prefill", "prompts"):
         for quick in (True, False):
             args = (regime, 128, 8 * group, 8, 16, torch.bfloat16, False, quick)
             narrow = configs.NARROW_ROWS
@@ -550,6 +594,8 @@ def test_tuning_shapes_of_each_regime_lie_in_it(group):
                 continue
             cases = shape_grid(*args, num_sms=sms)
             for c in cases:
-                got = configs.regime_of(max(c.queries()), MAX_SPLIT_Q_LEN, len(c.kv_lens) * 8, sms, group=group)
+                # The hint the tuning calls pass (prompts only; ``tune.build_inputs`` with ``hints``).
+                no_decodes = regime == "prompts" and decode_tail_of(c.queries()) == 0
+                got = configs.regime_of(max(c.queries()), MAX_SPLIT_Q_LEN, len(c.kv_lens) * 8, sms, no_decodes, group)
                 assert got == regime, (regime, group, c.name)
     assert short_q_len("short_narrow", 4) == 4 and short_q_len("short", 4) == 8

@@ -8,8 +8,8 @@ import argparse
 import os
 import sys
 
-# The regimes `tune` measures: configs.REGIMES but `prompts` (kept light: no torch import here).
-_REGIMES = ("decode", "decode_large", "short", "short_narrow", "prefill")
+# The regimes `tune` measures: configs.REGIMES (spelled out: no torch import here).
+_REGIMES = ("decode", "decode_large", "short", "short_narrow", "prefill", "prompts")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,8 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--regime", nargs="+", choices=_REGIMES, default=list(_REGIMES),
         help="query regimes: decode (1 token), decode_large (1 token, a (sequence, KV head) pair per SM), short "
-        "(<= 16 tokens, more than 16 packed rows: tokens x GQA group), short_narrow (<= 16 rows), prefill "
-        "(default: all five)",
+        "(<= 16 tokens, more than 16 packed rows: tokens x GQA group), short_narrow (<= 16 rows), prefill, "
+        "prompts (prefill launches whose caller says the batch holds no one-token sequence) (default: all six)",
     )  # fmt: skip
     tune.add_argument("--num-heads", type=int, default=32, help="query heads of the tuning shapes (default 32)")
     tune.add_argument("--num-kv-heads", type=int, default=8, help="KV heads of the tuning shapes (default 8)")

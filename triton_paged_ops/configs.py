@@ -6,13 +6,12 @@ a grid that fills the GPU unsplit; a table without this entry uses its ``decode`
 tokens, e.g. speculative verification, whose packed rows, tokens times GQA group, exceed ``NARROW_ROWS``),
 ``short_narrow`` (2 to 16 tokens whose packed rows fit one decode-style tile of ``NARROW_ROWS``), ``prefill`` or
 ``prompts`` (prefill launches whose caller says the batch holds no one-token sequence: a ``decode_tail`` hint of 0;
-a table without this entry uses its ``prefill`` entry; ``tune`` does not write it, its entries come from A/B runs
-of ``benchmarks.ab``) — and, for the first four, the split-KV policy. Lookup order: the user file
-(``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written by ``python -m triton_paged_ops
-tune``), then the tables shipped in ``triton_paged_ops/configs/``; where neither has the installed Triton's entry,
-this GPU's entry measured with another Triton 3.x (nearest first), then the same for the other 16-bit query dtype
-(bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short`` launches); then the built-in heuristic
-(``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
+a table without this entry uses its ``prefill`` entry) — and, for the first four, the split-KV policy. Lookup
+order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/configs.json``, written by ``python -m
+triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``; where neither has the installed
+Triton's entry, this GPU's entry measured with another Triton 3.x (nearest first), then the same for the other
+16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short`` launches); then the
+built-in heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
 

@@ -11,6 +11,7 @@ interrupted run resumes where it stopped (groups already in the file with the sa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -89,11 +90,28 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
         space = {"BLOCK_M": (32, 64), "BLOCK_N": (32, 64), "num_warps": (4,), "num_stages": (2, 3)}
         if not quick:
             space = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
+    elif regime == "prompts":
+        # Launches without one-token rows: more warps per tile (H200 D128: 16 warps won, NOTES v38) and two
+        # 8-warp programs per SM under a register cap (H200 D64, NOTES v42), which the prefill regime's mixed
+        # batches cannot take. Each warp needs 16 of the tile's rows for the tensor cores.
+        space = {"BLOCK_M": (128, 256), "BLOCK_N": (32, 64), "num_warps": (8, 16), "num_stages": (2, 3)}
+        capped = {"BLOCK_M": (128,), "BLOCK_N": (64,), "num_warps": (8,), "num_stages": (2, 3), "maxnreg": (128,)}
+        if not quick:
+            space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8, 16),
+                     "num_stages": (2, 3, 4)}  # fmt: skip
+            capped = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (8,), "num_stages": (2, 3),
+                      "maxnreg": (128,)}  # fmt: skip
+        return [c for c in _product(space) + _product(capped) if c["BLOCK_M"] >= 16 * c["num_warps"]]
     else:
         space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
         if not quick:
             space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8),
                      "num_stages": (1, 2, 3, 4)}  # fmt: skip
+    return _product(space)
+
+
+def _product(space: dict[str, tuple]) -> list[dict]:
+    """Every combination of ``space``'s values, the last key varying fastest."""
     keys = list(space)
     return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
 
@@ -118,7 +136,7 @@ def tuning_q_len(regime: str, gqa: int) -> int:
     """Query tokens per sequence of a regime's tuning shapes (and of its baseline's launch), GQA group ``gqa``."""
     if regime in ("short", "short_narrow"):
         return short_q_len(regime, gqa)
-    return {"decode": 1, "decode_large": 1, "prefill": 256}[regime]
+    return {"decode": 1, "decode_large": 1, "prefill": 256, "prompts": 256}[regime]
 
 
 def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, page_size: int,
@@ -132,16 +150,17 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
     # Sequences of the smallest batch with one (sequence, KV head) pair per SM: decode_large starts there.
     full = -(-num_sms // num_kv_heads)
     if interpret:
-        lens = [[40, 7], [65]] if regime != "prefill" else [[160]]
+        lens = [[40, 7], [65]] if regime not in ("prefill", "prompts") else [[160]]
         if regime == "decode_large":
             lens = [[40, 7] * -(-full // 2)]
         return [Case(f"{regime}{i}", kv, q_len=min(q_len, 24), **common) for i, kv in enumerate(lens)]
-    if regime == "prefill":
+    if regime in ("prefill", "prompts"):
         # Whole causal prefills and chunks on a cached prefix: they favour different KV tiles and pipeline depths
-        # (H200, D128: 64-key tiles, 3 stages for whole prompts; 32-key tiles for 256-token chunks).
+        # (H200, D128: 64-key tiles, 3 stages for whole prompts; 32-key tiles for 256-token chunks). Prompts are
+        # these batches called with their layout hint (no one-token rows), prefill the same without it.
         shapes = [([2048] * 2, 2048), ([4096], 256)] if quick else [([2048] * 4, 2048), ([8192], 8192),
                                                                     ([4096] * 2, 512)]  # fmt: skip
-        return [Case(f"prefill{i}", kv, q_len=q, **common) for i, (kv, q) in enumerate(shapes)]
+        return [Case(f"{regime}{i}", kv, q_len=q, **common) for i, (kv, q) in enumerate(shapes)]
     if regime == "decode_large":
         lens = [[8192] * max(64, 2 * full)] if quick else [[4096] * max(32, full), [8192] * max(64, 2 * full),
                                                            [2048] * max(256, 8 * full)]  # fmt: skip
@@ -245,7 +264,9 @@ def tune(
             stream.write(f"{group.label()}: already tuned in {out}, skipped\n")
             records.append({"group": group.label(), "skipped": True})
             continue
-        inputs = [build_inputs(c, seed=i, device=device) for i, c in enumerate(cases)]
+        # Only prompts launches carry the batch's layout hint (0): with it the others' batches would be prompts too.
+        hints = group.regime == "prompts"
+        inputs = [build_inputs(c, seed=i, device=device, hints=hints) for i, c in enumerate(cases)]
         base = _table_entry(group, interpret, device)
         totals = []
         for cand in cands:
@@ -318,12 +339,17 @@ def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> di
     return {k: v for k, v in cfg.items() if k in keep}
 
 
+def _call(inp) -> None:
+    """One call on a tuning batch, with its layout hint as built (``build_inputs``)."""
+    api.paged_attention_out(*inp.args, **inp.kwargs, decode_tail=inp.decode_tail, out=inp.out)
+
+
 def _measure(cand: dict, inputs: list, timer: Timer) -> float:
     total = 0.0
     with attention_config_override(**cand):
         for inp in inputs:
             try:
-                total += timer(lambda i=inp: api.paged_attention_out(*i.args, **i.kwargs, out=i.out), cand)
+                total += timer(functools.partial(_call, inp), cand)
             except Exception as exc:  # a config that does not compile (e.g. out of shared memory) just loses
                 if "OutOfResources" not in type(exc).__name__ and "out of resource" not in str(exc):
                     raise
