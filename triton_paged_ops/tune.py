@@ -99,7 +99,7 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
         if not quick:
             space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8, 16),
                      "num_stages": (2, 3, 4)}  # fmt: skip
-            capped = {"BLOCK_M": (64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (8,), "num_stages": (2, 3),
+            capped = {"BLOCK_M": (128,), "BLOCK_N": (32, 64, 128), "num_warps": (8,), "num_stages": (2, 3),
                       "maxnreg": (128,)}  # fmt: skip
         return [c for c in _product(space) + _product(capped) if c["BLOCK_M"] >= 16 * c["num_warps"]]
     else:
