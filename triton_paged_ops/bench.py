@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import itertools
 import math
 import subprocess
@@ -155,6 +156,11 @@ class Inputs:
     kwargs: dict = dataclasses.field(default_factory=dict)  # k/v scales of an fp8 cache
     decode_tail: int = -1  # the ops' layout hint (-1: none given)
 
+    def call(self, batch_invariant: bool = False) -> None:
+        """One op call on this batch into ``out``, with its cache scales and layout hint as built."""
+        api.paged_attention_out(*self.args, **self.kwargs, batch_invariant=batch_invariant,
+                                decode_tail=self.decode_tail, out=self.out)  # fmt: skip
+
 
 def build_inputs(case: Case, seed: int, device: str = "cuda", hints: bool = True) -> Inputs:
     """The case's random batch; ``hints``: calls pass its ``decode_tail`` (its layout, as a serving framework knows
@@ -179,8 +185,7 @@ def check_case(inp: Inputs, max_seqs: int = 4, batch_invariant: bool = False) ->
     """Relative L2 error of the kernel against the reference on up to ``max_seqs`` sequences (poisoned output)."""
     q, k_cache, v_cache, block_table, cu, seq_lens, mq, mk, scale = inp.args
     inp.out.fill_(float("nan"))
-    api.paged_attention_out(*inp.args, **inp.kwargs, batch_invariant=batch_invariant, decode_tail=inp.decode_tail,
-                            out=inp.out)  # fmt: skip
+    inp.call(batch_invariant)
     n_tok = int(cu[max_seqs]) if len(seq_lens) > max_seqs else q.shape[0]
     sub = slice(0, min(max_seqs, len(seq_lens)))
     ref = reference.paged_attention(q[:n_tok], k_cache, v_cache, block_table[sub], cu[: sub.stop + 1],
@@ -378,8 +383,7 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
                 "cache_dtype": str(case.cache_dtype or case.dtype).replace("torch.", "")}  # fmt: skip
         for provider, invariant in (("tpa", False), ("tpa_invariant", True))[: 2 if with_invariant else 1]:
             err = check_case(inp, batch_invariant=invariant)
-            us = time_graph(lambda inp=inp, inv=invariant: api.paged_attention_out(
-                *inp.args, **inp.kwargs, batch_invariant=inv, decode_tail=inp.decode_tail, out=inp.out))  # fmt: skip
+            us = time_graph(functools.partial(inp.call, invariant))
             tbps = inp.kv_bytes / us / 1e6
             records.append({**base, "provider": provider, "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
                             "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip

@@ -11,7 +11,6 @@ interrupted run resumes where it stopped (groups already in the file with the sa
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import itertools
 import json
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from triton_paged_ops import api, configs
+from triton_paged_ops import configs
 from triton_paged_ops.bench import Case, build_inputs, check_case
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of
@@ -339,17 +338,12 @@ def _baseline_config(group: Group, gqa: int, interpret: bool, device: str) -> di
     return {k: v for k, v in cfg.items() if k in keep}
 
 
-def _call(inp) -> None:
-    """One call on a tuning batch, with its layout hint as built (``build_inputs``)."""
-    api.paged_attention_out(*inp.args, **inp.kwargs, decode_tail=inp.decode_tail, out=inp.out)
-
-
 def _measure(cand: dict, inputs: list, timer: Timer) -> float:
     total = 0.0
     with attention_config_override(**cand):
         for inp in inputs:
             try:
-                total += timer(functools.partial(_call, inp), cand)
+                total += timer(inp.call, cand)
             except Exception as exc:  # a config that does not compile (e.g. out of shared memory) just loses
                 if "OutOfResources" not in type(exc).__name__ and "out of resource" not in str(exc):
                     raise
