@@ -473,7 +473,7 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     """Prefill batches passed with ``decode_tail`` 0 take the table's ``prompts`` entry where it has one (the
     H200's bf16 D128 entry: 16-warp programs; D64: two 8-warp programs per SM under a register cap): whole prompts
     and chunks on a prefix, pages of 1, 16 and 64 keys, sinks, padding rows, against the reference (NaN-poisoned
-    outputs), with the entry's tiles."""
+    outputs, and NaN in the slots past each sequence's end), with the entry's tiles and launch options."""
     from triton_paged_ops import configs
 
     batch = data.draw(st.integers(1, 5))
@@ -485,6 +485,11 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     gen = torch.Generator(device=DEVICE).manual_seed(data.draw(st.integers(0, 2**31 - 1)))
     p = random_paged_batch(q_lens, kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=head_dim, page_size=page_size,
                            dtype=torch.bfloat16, device=DEVICE, generator=gen, pad_tokens=3)  # fmt: skip
+    for b, n in enumerate(kv_lens):  # the last page's slots past the sequence: whatever a cache holds there
+        if n % page_size:
+            last = int(p.block_table[b, (n - 1) // page_size])
+            p.k_cache[last, n % page_size :] = float("nan")
+            p.v_cache[last, n % page_size :] = float("nan")
     extra = {"sinks": torch.randn(32, device=DEVICE)} if data.draw(st.booleans()) else {}
     hint = tpa.decode_tail_of(q_lens)
     assert hint == 0
@@ -499,6 +504,7 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     if entry is not None:
         assert lp.options["num_warps"] == entry["num_warps"]
         assert lp.options.get("maxnreg") == entry.get("maxnreg")
+        assert lp.constexprs["DIAG_LOOP"] == entry.get("diag_loop", 1)
     out = torch.full((p.q.shape[0], 32, head_dim), float("nan"), dtype=p.q.dtype, device=DEVICE)
     lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
     tpa.paged_attention_out(*p.args, **extra, decode_tail=hint, out=out, lse=lse)
@@ -791,6 +797,34 @@ def test_page_ids_a_tile_ahead_give_the_same_bits(page_size, block_n, split):
         with attention_config_override(**cfg, ids_ahead=mode):
             assert _launch_plan(p).constexprs["IDS_AHEAD"] == (mode == 2 and page_size >= 16)
     _assert_same_bits_under(p, [dict(cfg, ids_ahead=1), dict(cfg, ids_ahead=2)])
+
+
+@pytest.mark.parametrize("page_size,guard,window_left,ids_ahead,split", [
+    (16, 2, -1, 1, 1),
+    (16, 2, -1, 2, 1),  # page ids a tile ahead in the one loop
+    (16, 2, -1, 1, 2),  # split segments: the loop's ends inside a segment
+    (1, 2, -1, 1, 1),
+    (64, 2, -1, 2, 1),
+    (16, 1, -1, 1, 1),  # dropped page ids: two loops (the key guard)
+    (16, 2, 40, 1, 1),  # a window: two loops
+])  # fmt: skip
+def test_diagonal_tiles_in_the_unmasked_loop_give_the_same_bits(page_size, guard, window_left, ids_ahead, split):
+    """``diag_loop`` 2 runs causal taller tiles' diagonal tiles in their unmasked loop, masked from the first tile
+    that reaches the block's first row's diagonal; the tile that crosses kv_len keeps its masked loop (the slots
+    past each sequence are NaN here). The bits of the two-loop form, on whole prompts and chunks over a prefix
+    whose lengths end inside a tile, a short chunk, one-token rows beside them and padding rows; launches with a
+    window or dropped page ids keep two loops (the plan says which)."""
+    spec = Spec(q_lens=[40, 1, 3, 20, 70, 1], kv_lens=[300, 77, 3, 150, 70, 200], pad_tokens=2, page_size=page_size,
+                num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
+                window_left=window_left, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
+                strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=59, num_splits=split)  # fmt: skip
+    p = build(spec, DEVICE)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, page_guard=guard, ids_ahead=ids_ahead, num_splits=split)
+    for mode in (1, 2):
+        with attention_config_override(**cfg, diag_loop=mode):
+            taken = mode == 2 and guard == 2 and window_left < 0
+            assert _launch_plan(p).constexprs["DIAG_LOOP"] == (2 if taken else 1)
+    _assert_same_bits_under(p, [dict(cfg, diag_loop=1), dict(cfg, diag_loop=2)])
 
 
 @pytest.mark.parametrize("page_size,guard", [(16, 2), (16, 1), (32, 2)])

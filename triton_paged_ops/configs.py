@@ -86,10 +86,12 @@ GUARD_KEYS = ("page_guard",)
 # Page ids of taller tiles over pages of 16+ keys that divide the tile: 1 one load per key, 2 one per page.
 # When taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids: 1 in its own iteration, 2 one
 # tile ahead.
-LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead")
+# Causal taller tiles' diagonal tiles (those the causal mask cuts): 1 in a masked loop of their own after the
+# unmasked one, 2 in the unmasked loop (one pipeline fill per query block), masked where they start.
+LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead", "diag_loop")
 # Keys that choose between two forms (1 or 2).
 SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",
-               "ids_ahead")  # fmt: skip
+               "ids_ahead", "diag_loop")  # fmt: skip
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 

@@ -186,6 +186,7 @@ def _attend_tile(
     CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr,
     KV_DESC: tl.constexpr,
+    diag_lo=0,
 ):
     """One KV tile [start_n, start_n + BLOCK_N): gather it from its pages, score, mask, online-softmax step.
 
@@ -194,6 +195,8 @@ def _attend_tile(
     remains. Visible scores get the same operations either way (a select of the score or -inf before the
     softmax), so a row's bits do not depend on the tile kind. ``MASKED=2``: a tile of keys all below ``kv_len``
     whose page ids are clamped (``CLAMP_PAGES``): no guard at all (no load masks, no select), same bits.
+    ``MASKED=3``: unguarded as 2, and the causal mask applied only where the tile ends past ``diag_lo`` (a
+    tile edge at or below the block's first row's diagonal), a branch per tile.
     ``KV_DESC``: the tile lies in one page (``page`` is its id) and ``k_cache_ptr``/``v_cache_ptr`` are tensor
     descriptors of the KV head's rows (``_kv_descriptors``): each tile arrives as one block copy (TMA on NVIDIA).
     """
@@ -205,7 +208,7 @@ def _attend_tile(
     return _tile_update(
         acc, m_i, l_i, s, key_valid, v_loc, q, start_n, v_cache_ptr, q_pos, row_valid, qk_scale, softcap,
         window_left, alibi_slope, HEAD_DIM_V, HEAD_DIM_V_PAD, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-        DOT_PRECISION, ACC_RESCALE, MASKED, KV_DESC,
+        DOT_PRECISION, ACC_RESCALE, MASKED, KV_DESC, diag_lo,
     )  # fmt: skip
 
 
@@ -262,7 +265,7 @@ def _tile_scores(
             slot = offs_n % PAGE_SIZE
         k_row, v_row = _kv_rows(page, slot, kv_head, stride_k_page, stride_k_slot, stride_k_head, stride_v_page,
                                 stride_v_slot, stride_v_head, NARROW_OFFSETS)  # fmt: skip
-        if MASKED == 2 and HEAD_DIM == HEAD_DIM_PAD:
+        if MASKED >= 2 and HEAD_DIM == HEAD_DIM_PAD:
             k = tl.load(k_cache_ptr + k_row[None, :] + offs_d[:, None])
         else:
             k = tl.load(
@@ -282,6 +285,7 @@ def _tile_update(
     alibi_slope, HEAD_DIM_V: tl.constexpr, HEAD_DIM_V_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MASKED: tl.constexpr, KV_DESC: tl.constexpr,
+    diag_lo=0,
 ):  # fmt: skip
     """The second half of ``_attend_tile``: scale, cap, masks and the online-softmax step on the tile's scores ``s``,
     then its V rows (at ``v_loc``) into the accumulator."""
@@ -302,6 +306,9 @@ def _tile_update(
 
     if MASKED == 2:
         pass
+    elif MASKED == 3:
+        if start_n + BLOCK_N > diag_lo:
+            s = tl.where(row_valid[:, None] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
     elif MASKED:
         visible = row_valid[:, None] & key_valid[None, :]
         if IS_CAUSAL:
@@ -346,7 +353,7 @@ def _tile_update(
             # A page's slots past the sequence hold whatever was there (NaN bits too): 0 * NaN would poison the
             # product, so those rows are zeroed (only masked tiles reach past kv_len).
             v = tl.where(key_valid[:, None], v, 0.0)
-    elif MASKED == 2 and HEAD_DIM_V == HEAD_DIM_V_PAD:
+    elif MASKED >= 2 and HEAD_DIM_V == HEAD_DIM_V_PAD:
         v = tl.load(v_cache_ptr + v_loc[:, None] + offs_dv[None, :])
     else:
         v = tl.load(
@@ -367,7 +374,7 @@ def _attend_range(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ACC_RESCALE: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr, DIAG_LOOP: tl.constexpr,
     CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
 ):  # fmt: skip
     """Keys [lo, hi) (lo a tile edge) tile by tile: masked tiles before ``full_lo``, unmasked ones in
@@ -378,7 +385,7 @@ def _attend_range(
         kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope,
         stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
         HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS,
+        HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS, DIAG_LOOP,
         CLAMP_PAGES, NARROW_OFFSETS,
         KV_DESC,
         False, 1,
@@ -413,7 +420,7 @@ def _attend_tiles(
     PAGE_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ACC_RESCALE: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr, DIAG_LOOP: tl.constexpr,
     CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr,
     HAS_V_SCALE: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
@@ -447,13 +454,23 @@ def _attend_tiles(
     else:
         mid_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
         mid_hi = tl.minimum(tl.maximum(full_hi, mid_lo), hi)
+    # Causal taller tiles whose diagonal tiles run in the unmasked loop (``DIAG_LOOP`` 2): one pipeline fill per
+    # block instead of two, the diagonal tiles' mask applied at run time (MASKED 3). The tile that crosses kv_len
+    # stays in the masked loop after it: its V rows past the sequence must be zeroed, which the unguarded loads of
+    # the unmasked loop do not do.
+    merged: tl.constexpr = (DIAG_LOOP == 2 and IS_CAUSAL and not HAS_WINDOW and BLOCK_Q > 1 and CLAMP_PAGES
+                            and LEAVES == 1 and not use_desc and PAGES_AHEAD != 2)  # fmt: skip
     for phase in tl.static_range(3):  # masked, unmasked, masked: ascending tile order
         if phase == 0:
             start, stop = lo, mid_lo
         elif phase == 1:
             start, stop = mid_lo, mid_hi
+            if merged:
+                stop = tl.maximum(mid_hi, tl.minimum(hi, kv_len // BLOCK_N * BLOCK_N))
         else:
             start, stop = mid_hi, hi
+            if merged:
+                start = tl.maximum(mid_hi, tl.minimum(hi, kv_len // BLOCK_N * BLOCK_N))
         # No code for ranges that are always empty: before full_lo (0) without a window, after hi for one token.
         if (phase == 0 and HAS_WINDOW) or phase == 1 or (phase == 2 and not one_token):
             # Decode launches load each tile's page ids one tile ahead (PAGES_AHEAD 1, or 2 where taller tiles also
@@ -506,9 +523,9 @@ def _attend_tiles(
                         q_pos, row_valid, qk_scale, softcap, window_left, alibi_slope, stride_k_page, stride_k_slot,
                         stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                         HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
-                        DOT_PRECISION, ACC_RESCALE, 2 if unguarded and phase == 1 else 0 if phase == 1 else 1,
-                        CLAMP_PAGES,
-                        NARROW_OFFSETS, use_desc,
+                        DOT_PRECISION, ACC_RESCALE,
+                        (3 if merged else 2) if unguarded and phase == 1 else 0 if phase == 1 else 1,
+                        CLAMP_PAGES, NARROW_OFFSETS, use_desc, mid_hi,
                     )  # fmt: skip
     if lean:
         # At most one partial tile: no pipeline to fill. (A separate loop: num_stages must be a constant per loop.)
@@ -614,7 +631,8 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     launch whose caller says its batch ends in one-token sequences (``decode_tail`` > 0; ``mixed_order``: 1 the batch's
     order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of 16+ keys
     divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers over pages
-    of 16+ keys load a tile's page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead).
+    of 16+ keys load a tile's page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead), and where causal
+    taller tiles run their diagonal tiles (``diag_loop``: 1 a masked loop of their own, 2 the unmasked loop).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
@@ -750,6 +768,12 @@ def select_attention_config(
     # the heuristic: the third K/V stage it brings is what pays, and other GPUs' shared memory and pipelines were
     # not measured.
     cfg.setdefault("ids_ahead", 1)
+    # Causal taller tiles' diagonal tiles in a masked loop of their own (1), or in the unmasked loop, masked from
+    # the first tile that reaches the block's first row's diagonal (2): one pipeline fill per block instead of two,
+    # a branch per tile (sm_90 SASS, D128 prompts: 410 instructions per tile on the common path against 409, but
+    # K and V waited for apart, with a third CTA barrier). H200: D64 prompts (two 8-warp programs per SM) -4.4%,
+    # D128 +3-8%, page 1 +9%, D64's 4-warp prefill entry +4.6% (NOTES v43): only the D64 prompts entry takes it.
+    cfg.setdefault("diag_loop", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -803,6 +827,7 @@ def _attend_block(
     WRITE_LSE: tl.constexpr, SPLIT_KV: tl.constexpr, FOLD_SEGMENTS: tl.constexpr, LEAVES: tl.constexpr,
     FP8_VIA_FP16: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr,
     SEQUENTIAL_MERGE: tl.constexpr, FINAL_LSE: tl.constexpr, PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    DIAG_LOOP: tl.constexpr,
     CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, CHUNKS: tl.constexpr,
 ):  # fmt: skip
@@ -888,7 +913,7 @@ def _attend_block(
                 stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
                 HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, ACC_RESCALE,
-                PAGES_AHEAD, PAGE_IDS,
+                PAGES_AHEAD, PAGE_IDS, DIAG_LOOP,
                 CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
             )  # fmt: skip
             m_fold, total, alpha, beta = _fold_step(m_fold, total, lse_seg)
@@ -910,7 +935,7 @@ def _attend_block(
             sinks_ptr, v_scale_ptr, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
             stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_V_SCALE, DOT_PRECISION, ACC_RESCALE,
-            PAGES_AHEAD, PAGE_IDS,
+            PAGES_AHEAD, PAGE_IDS, DIAG_LOOP,
             CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, LEAVES,
         )  # fmt: skip
 
@@ -1026,7 +1051,7 @@ def _attend_segment(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_V_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, ACC_RESCALE: tl.constexpr,
-    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr,
+    PAGES_AHEAD: tl.constexpr, PAGE_IDS: tl.constexpr, DIAG_LOOP: tl.constexpr,
     CLAMP_PAGES: tl.constexpr, NARROW_OFFSETS: tl.constexpr, KV_DESC: tl.constexpr, LEAVES: tl.constexpr,
 ):  # fmt: skip
     """Output and base-2 lse of the keys [lo, hi) of the segment starting at ``seg_lo`` (key 0's carries the
@@ -1044,6 +1069,7 @@ def _attend_segment(
             stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot, stride_v_head,
             HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N,
             IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS,
+            DIAG_LOOP,
             CLAMP_PAGES,
             NARROW_OFFSETS,
             KV_DESC,
@@ -1061,7 +1087,7 @@ def _attend_segment(
             k_cache_ptr, v_cache_ptr, bt_row_ptr, kv_head, kv_len, num_pages, q_pos, row_valid, qk_scale, softcap,
             window_left, alibi_slope, stride_k_page, stride_k_slot, stride_k_head, stride_v_page, stride_v_slot,
             stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_Q, BLOCK_N, IS_CAUSAL,
-            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS,
+            HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, DOT_PRECISION, ACC_RESCALE, PAGES_AHEAD, PAGE_IDS, DIAG_LOOP,
             CLAMP_PAGES, NARROW_OFFSETS,
             KV_DESC,
             HAS_V_SCALE, LEAVES,
@@ -1228,6 +1254,7 @@ def _paged_attention_kernel(
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
     MIXED_ORDER: tl.constexpr,
     PAGE_IDS: tl.constexpr,
+    DIAG_LOOP: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
     if LAUNCH_DEPENDENTS:
@@ -1350,7 +1377,7 @@ def _paged_attention_kernel(
                 GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, SMALL_M, 1, SMALL_N,
                 IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE,
                 WRITE_LSE, SPLIT_KV, FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL,
-                SEQUENTIAL_MERGE, FINAL_LSE, 0, 1, CLAMP_PAGES, NARROW_OFFSETS, False, SMALL_CHUNKS,
+                SEQUENTIAL_MERGE, FINAL_LSE, 0, 1, 1, CLAMP_PAGES, NARROW_OFFSETS, False, SMALL_CHUNKS,
             )  # fmt: skip
             return
     _attend_block(
@@ -1363,7 +1390,7 @@ def _paged_attention_kernel(
         GROUP, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V, HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_M, BLOCK_Q, BLOCK_N,
         IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_SINKS, HAS_K_SCALE, HAS_V_SCALE, WRITE_LSE, SPLIT_KV,
         FOLD_SEGMENTS, LEAVES, FP8_VIA_FP16, DOT_PRECISION, ACC_RESCALE, MERGE_IN_KERNEL, SEQUENTIAL_MERGE, FINAL_LSE,
-        2 if QK_AHEAD else 3 if IDS_AHEAD else 1, PAGE_IDS,
+        2 if QK_AHEAD else 3 if IDS_AHEAD else 1, PAGE_IDS, DIAG_LOOP,
         CLAMP_PAGES, NARROW_OFFSETS, KV_DESC, 0,
     )  # fmt: skip
 
@@ -1569,6 +1596,8 @@ def _cached_launch_plan(
         MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and decode_tail > 0 and cfg["SMALL_M"] > 0 and not one_block
                           and split.num_splits == 1 and num_seqs > 1) else 1,
         PAGE_IDS=cfg["page_ids"],
+        # (Only where the kernel takes it: other launches keep one variant.)
+        DIAG_LOOP=cfg["diag_loop"] if block_q > 1 and causal and window_left < 0 and cfg["page_guard"] == 2 else 1,
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if "maxnreg" in cfg and not interpret and device_index is not None and not device_is_amd(device_index):
