@@ -317,10 +317,11 @@ def test_tune_measures_prompts_with_their_layout_hint(tables, monkeypatch):
 def test_prompts_candidates_hold_the_measured_forms():
     """``prompts`` candidates (GPU): valid configs whose warps each get 16 of the tile's rows, holding the forms
     that won on the H200 (D128: 256x64 tiles at 16 warps; D64: 128x64 tiles, two 8-warp programs per SM under a
-    128-register cap), quick and full; the ``prefill`` candidates hold no capped or 16-warp form (mixed launches'
-    one-token rows run on the same warps)."""
-    won = [{"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3},
-           {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}]  # fmt: skip
+    128-register cap, diagonal tiles in the unmasked loop) and the capped form with two loops, quick and full; the
+    ``prefill`` candidates hold no capped or 16-warp form (mixed launches' one-token rows run on the same warps)."""
+    capped = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
+    won = [{"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3}, {**capped, "diag_loop": 2},
+           {**capped, "diag_loop": 1}]  # fmt: skip
     for quick in (True, False):
         cands = candidates("prompts", False, quick)
         assert all(configs.validate_config(c) is None and c["BLOCK_M"] >= 16 * c["num_warps"] for c in cands)
