@@ -1596,8 +1596,10 @@ def _cached_launch_plan(
         MIXED_ORDER=2 if (cfg["mixed_order"] == 2 and decode_tail > 0 and cfg["SMALL_M"] > 0 and not one_block
                           and split.num_splits == 1 and num_seqs > 1) else 1,
         PAGE_IDS=cfg["page_ids"],
-        # (Only where the kernel takes it: other launches keep one variant.)
-        DIAG_LOOP=cfg["diag_loop"] if block_q > 1 and causal and window_left < 0 and cfg["page_guard"] == 2 else 1,
+        # (Only where the kernel takes it: other launches keep one variant. Not in batch-invariant mode: a row's
+        # bits there must not depend on how ptxas compiled one loop form or the other.)
+        DIAG_LOOP=(cfg["diag_loop"] if block_q > 1 and causal and window_left < 0 and cfg["page_guard"] == 2
+                   and not batch_invariant else 1),
     )  # fmt: skip
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     if "maxnreg" in cfg and not interpret and device_index is not None and not device_is_amd(device_index):
