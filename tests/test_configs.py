@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import types
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from triton_paged_ops.__main__ import main
 from triton_paged_ops.checks import decode_tail_of
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
-from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, candidates, shape_grid, short_q_len, tune
+from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, accumulator_fits, candidates, shape_grid, short_q_len, tune
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = DEVICE == "cpu"
@@ -312,6 +313,47 @@ def test_tune_measures_prompts_with_their_layout_hint(tables, monkeypatch):
         assert hints and set(hints) == {hint}, (regime, set(hints))
         want = min(candidates(regime, True, False), key=_cost)
         assert records[0]["winner"] == configs.lookup(None, "float16", 64, regime) == {**want, "acc_rescale": rescale}
+
+
+def test_candidates_whose_accumulator_takes_every_register_are_not_tried():
+    """A tall tile whose fp32 output accumulator alone takes a thread's whole register budget is never compiled
+    (ptxas refuses it: H200, D256 prompts at 16 warps or under a 128-register cap); the forms that fit stay, and
+    one-token candidates (no query tile) always do."""
+    cands = candidates("prompts", False, False)
+    d256 = [c for c in cands if accumulator_fits(c, 256)]
+    assert not any(c["num_warps"] == 16 or "maxnreg" in c or c["BLOCK_M"] == 256 for c in d256)
+    assert any(c["BLOCK_M"] == 128 and c["num_warps"] == 8 for c in d256)
+    assert not accumulator_fits({"BLOCK_M": 256, "num_warps": 16}, 256)
+    assert not accumulator_fits({"BLOCK_M": 128, "num_warps": 8, "maxnreg": 128}, 256)
+    assert accumulator_fits({"BLOCK_M": 128, "num_warps": 8}, 256)  # the shipped D256 prefill tile
+    d128 = [c for c in cands if accumulator_fits(c, 128)]  # D128: the H200's forms fit, 256 rows at 4 warps not
+    assert {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3} in d128
+    assert {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128, "diag_loop": 1} in d128
+    assert not any(c["BLOCK_M"] == 256 and c["num_warps"] == 4 for c in d128)
+    assert accumulator_fits({"BLOCK_N": 64, "num_warps": 1}, 256)
+
+
+def test_tune_lets_candidates_that_ptxas_refuses_lose(monkeypatch):
+    """A candidate that does not fit the device (shared memory, or ptxas out of registers) costs infinity and loses;
+    any other compile error is raised."""
+    from triton_paged_ops import tune as tune_mod
+
+    class PTXASError(Exception):  # the name Triton's error has (triton.runtime.errors)
+        pass
+
+    def timer_raising(exc):
+        def timer(fn, cfg):
+            raise exc
+
+        return timer
+
+    inputs = [types.SimpleNamespace(call=lambda: None)]
+    refused = PTXASError("ptxas fatal   : (C7602) Insufficient registers (128) to compile instruction")
+    assert tune_mod._measure({}, inputs, timer_raising(refused)) == float("inf")
+    with pytest.raises(PTXASError):
+        tune_mod._measure({}, inputs, timer_raising(PTXASError("ptxas fatal: some codegen bug")))
+    with pytest.raises(ValueError):
+        tune_mod._measure({}, inputs, timer_raising(ValueError("a bug")))
 
 
 def test_prompts_candidates_hold_the_measured_forms():

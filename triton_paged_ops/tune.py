@@ -112,6 +112,18 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
     return _product(space)
 
 
+def accumulator_fits(cand: dict, head_dim_pad: int) -> bool:
+    """Whether a candidate's fp32 output accumulator (``BLOCK_M`` rows x the padded head dim, over its threads)
+    leaves registers for the rest of the loop: where it alone takes a thread's whole budget (65,536 registers per
+    SM over the program's threads, at most 255, or ``maxnreg``) ptxas refuses the kernel (sm_90, D256 at 16 warps
+    or 8 warps under a 128-register cap). Candidates without a query tile (decode) always fit."""
+    if "BLOCK_M" not in cand:
+        return True
+    threads = 32 * cand.get("num_warps", 4)
+    budget = min(255, cand.get("maxnreg", 255), 65536 // threads)
+    return cand["BLOCK_M"] * head_dim_pad // threads < budget
+
+
 def _product(space: dict[str, tuple]) -> list[dict]:
     """Every combination of ``space``'s values, the last key varying fastest."""
     keys = list(space)
@@ -253,11 +265,12 @@ def tune(
     plan = []
     for dtype, head_dim, regime in itertools.product(dtypes, head_dims, regimes):
         group = Group(dtype, head_dim, regime, cache_dtype)
-        cands = candidates(regime, interpret, quick, cache_dtype)
+        dim = configs.padded_head_dim(head_dim)
+        cands = [c for c in candidates(regime, interpret, quick, cache_dtype) if accumulator_fits(c, dim)]
         cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
                            cache_dtype, num_sms_of(torch.device("cpu" if interpret else device)))  # fmt: skip
         fp = _fingerprint(cands, cases)
-        key = (gpu, cap, tv, group.key(), configs.padded_head_dim(head_dim), regime)
+        key = (gpu, cap, tv, group.key(), dim, regime)
         plan.append((group, cands, cases, fp, done.get(key) == fp))
     progress = _Progress(sum(len(c) for _, c, _, _, skip in plan if not skip) or 1, stream)
     records = []
@@ -347,11 +360,19 @@ def _measure(cand: dict, inputs: list, timer: Timer) -> float:
         for inp in inputs:
             try:
                 total += timer(inp.call, cand)
-            except Exception as exc:  # a config that does not compile (e.g. out of shared memory) just loses
-                if "OutOfResources" not in type(exc).__name__ and "out of resource" not in str(exc):
+            except Exception as exc:  # a config that does not fit the device just loses
+                if not _does_not_fit(exc):
                     raise
                 return float("inf")
     return total
+
+
+def _does_not_fit(exc: Exception) -> bool:
+    """Whether a candidate's failure is the device's limits (shared memory, registers: Triton's ``OutOfResources``,
+    or ptxas refusing a kernel whose live values exceed the registers), not a bug to report."""
+    name, text = type(exc).__name__, str(exc)
+    return ("OutOfResources" in name or "out of resource" in text
+            or (name == "PTXASError" and "Insufficient registers" in text))  # fmt: skip
 
 
 def _valid(cand: dict, inputs: list, dtype: torch.dtype) -> bool:
