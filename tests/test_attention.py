@@ -21,7 +21,7 @@ from triton_paged_ops.kernels.attention import attention_config_override, attent
 from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
-from .strategies import Spec, build, specs
+from .strategies import Spec, build, poison_unowned_slots, specs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter's bf16 tl.dot is not trustworthy, so the CPU run covers fp32/fp16 and the GPU run adds bf16.
@@ -485,11 +485,7 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     gen = torch.Generator(device=DEVICE).manual_seed(data.draw(st.integers(0, 2**31 - 1)))
     p = random_paged_batch(q_lens, kv_lens, num_q_heads=32, num_kv_heads=8, head_dim=head_dim, page_size=page_size,
                            dtype=torch.bfloat16, device=DEVICE, generator=gen, pad_tokens=3)  # fmt: skip
-    for b, n in enumerate(kv_lens):  # the last page's slots past the sequence: whatever a cache holds there
-        if n % page_size:
-            last = int(p.block_table[b, (n - 1) // page_size])
-            p.k_cache[last, n % page_size :] = float("nan")
-            p.v_cache[last, n % page_size :] = float("nan")
+    poison_unowned_slots(p.k_cache, p.v_cache, p.block_table, p.seq_lens)
     extra = {"sinks": torch.randn(32, device=DEVICE)} if data.draw(st.booleans()) else {}
     hint = tpa.decode_tail_of(q_lens)
     assert hint == 0

@@ -460,17 +460,15 @@ def _attend_tiles(
     # the unmasked loop do not do.
     merged: tl.constexpr = (DIAG_LOOP == 2 and IS_CAUSAL and not HAS_WINDOW and BLOCK_Q > 1 and CLAMP_PAGES
                             and LEAVES == 1 and not use_desc and PAGES_AHEAD != 2)  # fmt: skip
+    # (Where the merged loop ends: the last whole tile below kv_len, or the unmasked range's end.)
+    merged_hi = tl.maximum(mid_hi, tl.minimum(hi, kv_len // BLOCK_N * BLOCK_N)) if merged else mid_hi
     for phase in tl.static_range(3):  # masked, unmasked, masked: ascending tile order
         if phase == 0:
             start, stop = lo, mid_lo
         elif phase == 1:
-            start, stop = mid_lo, mid_hi
-            if merged:
-                stop = tl.maximum(mid_hi, tl.minimum(hi, kv_len // BLOCK_N * BLOCK_N))
+            start, stop = mid_lo, merged_hi
         else:
-            start, stop = mid_hi, hi
-            if merged:
-                start = tl.maximum(mid_hi, tl.minimum(hi, kv_len // BLOCK_N * BLOCK_N))
+            start, stop = merged_hi, hi
         # No code for ranges that are always empty: before full_lo (0) without a window, after hi for one token.
         if (phase == 0 and HAS_WINDOW) or phase == 1 or (phase == 2 and not one_token):
             # Decode launches load each tile's page ids one tile ahead (PAGES_AHEAD 1, or 2 where taller tiles also
