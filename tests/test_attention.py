@@ -806,12 +806,12 @@ def test_page_ids_a_tile_ahead_give_the_same_bits(page_size, block_n, split):
 ])  # fmt: skip
 def test_diagonal_tiles_in_the_unmasked_loop_give_the_same_bits(page_size, guard, window_left, ids_ahead, split):
     """``diag_loop`` 2 runs causal taller tiles' diagonal tiles in their unmasked loop, masked from the first tile
-    that reaches the block's first row's diagonal (3: every tile of that loop masked, no branch); the tile that
-    crosses kv_len keeps its masked loop (the slots past each sequence are NaN here). Close to the reference, and
-    under the interpreter the bits of the two-loop form (compiled, the forms may differ in lse's last bits: ptxas
-    schedules and contracts each loop on its own; seen at page 1 on an H200), on whole prompts and chunks over a
-    prefix whose lengths end inside a tile, a short chunk, one-token rows beside them and padding rows; launches
-    with a window or dropped page ids keep two loops (the plan says which), and so do batch-invariant ones."""
+    that reaches the block's first row's diagonal (3: every tile masked, no branch); the tile that crosses kv_len keeps its masked loop (the slots
+    past each sequence are NaN here). Close to the reference, and under the interpreter the bits of the two-loop
+    form (compiled, the two forms may differ in lse's last bits: ptxas schedules and contracts each loop on its
+    own; seen at page 1 on an H200), on whole prompts and chunks over a prefix whose lengths end inside a tile, a
+    short chunk, one-token rows beside them and padding rows; launches with a window or dropped page ids keep two
+    loops (the plan says which), and so do batch-invariant ones."""
     spec = Spec(q_lens=[40, 1, 3, 20, 70, 1], kv_lens=[300, 77, 3, 150, 70, 200], pad_tokens=2, page_size=page_size,
                 num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
                 window_left=window_left, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
