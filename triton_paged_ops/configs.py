@@ -87,12 +87,11 @@ GUARD_KEYS = ("page_guard",)
 # When taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids: 1 in its own iteration, 2 one
 # tile ahead.
 # Causal taller tiles' diagonal tiles (those the causal mask cuts): 1 in a masked loop of their own after the
-# unmasked one, 2 in the unmasked loop (one pipeline fill per query block), masked behind a branch where they
-# start, 3 in the unmasked loop with the causal mask applied to every tile (no branch).
+# unmasked one, 2 in the unmasked loop (one pipeline fill per query block), masked where they start.
 LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead", "diag_loop")
 # Keys that choose between two forms (1 or 2).
 SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",
-               "ids_ahead")  # fmt: skip
+               "ids_ahead", "diag_loop")  # fmt: skip
 CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
@@ -171,8 +170,6 @@ def validate_config(cfg: object) -> str | None:
     for key in SWITCH_KEYS:
         if cfg.get(key, 1) not in (1, 2):
             return f"{key} must be 1 or 2, got {cfg[key]}"
-    if cfg.get("diag_loop", 1) not in (1, 2, 3):
-        return f"diag_loop must be 1, 2 or 3, got {cfg['diag_loop']}"
     if cfg.get("acc_rescale", 1) not in (1, 2, 3):
         return f"acc_rescale must be 1, 2 or 3, got {cfg['acc_rescale']}"
     if cfg.get("invariant_programs", 1) not in (1, 2, 3):

@@ -309,11 +309,6 @@ def _tile_update(
     elif MASKED == 3:
         if start_n + BLOCK_N > diag_lo:
             s = tl.where(row_valid[:, None] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
-    elif MASKED == 4:
-        # Every tile, no branch: the key's place in the tile against the row's distance from the tile's start
-        # (a per-row scalar), so each score costs a compare and a select. Padding rows are not masked: their q is
-        # 0 and their output is never stored.
-        s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= (q_pos - start_n)[:, None], s, float("-inf"))
     elif MASKED:
         visible = row_valid[:, None] & key_valid[None, :]
         if IS_CAUSAL:
@@ -463,7 +458,7 @@ def _attend_tiles(
     # block instead of two, the diagonal tiles' mask applied at run time (MASKED 3). The tile that crosses kv_len
     # stays in the masked loop after it: its V rows past the sequence must be zeroed, which the unguarded loads of
     # the unmasked loop do not do.
-    merged: tl.constexpr = (DIAG_LOOP >= 2 and IS_CAUSAL and not HAS_WINDOW and BLOCK_Q > 1 and CLAMP_PAGES
+    merged: tl.constexpr = (DIAG_LOOP == 2 and IS_CAUSAL and not HAS_WINDOW and BLOCK_Q > 1 and CLAMP_PAGES
                             and LEAVES == 1 and not use_desc and PAGES_AHEAD != 2)  # fmt: skip
     # (Where the merged loop ends: the last whole tile below kv_len, or the unmasked range's end.)
     merged_hi = tl.maximum(mid_hi, tl.minimum(hi, kv_len // BLOCK_N * BLOCK_N)) if merged else mid_hi
@@ -527,7 +522,7 @@ def _attend_tiles(
                         stride_k_head, stride_v_page, stride_v_slot, stride_v_head, HEAD_DIM, HEAD_DIM_PAD, HEAD_DIM_V,
                         HEAD_DIM_V_PAD, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI,
                         DOT_PRECISION, ACC_RESCALE,
-                        (DIAG_LOOP + 1 if merged else 2) if unguarded and phase == 1 else 0 if phase == 1 else 1,
+                        (3 if merged else 2) if unguarded and phase == 1 else 0 if phase == 1 else 1,
                         CLAMP_PAGES, NARROW_OFFSETS, use_desc, mid_hi,
                     )  # fmt: skip
     if lean:
