@@ -65,6 +65,21 @@ def loop_stats(sass: str, min_instructions: int = 50) -> list[dict]:
     return loops
 
 
+_SERIALIZED = re.compile(
+    r"\((C\d+)\)[^\n]*wgmma\.mma_async instructions are serialized due to (.*?)"
+    r"(?: (?:for|in) the function\b[^\n]*)?$",
+    re.MULTILINE,
+)
+
+
+def wgmma_serialization(report: str) -> str | None:
+    """ptxas's reason for serializing the kernel's wgmmas (each waited for before the next is issued), as "code:
+    reason" (C7512 register pressure, C7515 other instructions writing accumulator registers mid-pipeline), or
+    None where its report has no such warning."""
+    found = _SERIALIZED.search(report)
+    return f"{found[1]}: {found[2]}" if found else None
+
+
 def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> dict:
     """Compile the variant (H200 identity and table, 132 SMs) and read its ptxas report and loops."""
     compile_sm90.pose_as("NVIDIA H200", "9.0", "3.6")
@@ -88,7 +103,8 @@ def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> d
     return {"variant": variant["plan"], "triton": triton.__version__, "shared_bytes": variant["attention_shared"],
             "registers": int(registers.group(1)) if registers else None,
             "spill_bytes": [int(spills.group(1)), int(spills.group(2))] if spills else None,
-            "serialized_wgmma": "are serialized" in report, "loops": loop_stats(sass)}  # fmt: skip
+            "serialized_wgmma": wgmma_serialization(report),
+            "loops": loop_stats(sass)}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

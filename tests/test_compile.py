@@ -128,3 +128,23 @@ def test_register_cap_reaches_the_compiler_and_two_programs_fit_an_sm():
     assert 0 < stats["registers"] <= 128
     # Two programs' registers (8 warps of 32 threads each) in the SM's 64K, their shared memory in its 228 KiB.
     assert 2 * stats["registers"] * 8 * 32 <= 65536 and 2 * stats["shared_bytes"] <= SM90_SHARED_BYTES
+
+
+def test_sass_reads_ptxas_serialization_warnings():
+    """``benchmarks.sass.wgmma_serialization`` finds either reason ptxas gives for serializing wgmmas, and none in a
+    report without one."""
+    from benchmarks.sass import wgmma_serialization
+
+    head = "ptxas info    : 11 bytes gmem\n"
+    tail = "\nptxas info    : Used 128 registers, used 1 barriers, 72 bytes cumulative stack size\n"
+    regs = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "insufficient register resources for the function '_paged_attention_kernel'")  # fmt: skip
+    acc = ("ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+           "non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline "
+           "stage in the function '_paged_attention_kernel'")  # fmt: skip
+    assert wgmma_serialization(head + regs + tail) == "C7512: insufficient register resources"
+    assert wgmma_serialization(head + acc + tail) == (
+        "C7515: non wgmma instructions defining accumulator registers of a wgmma between start and end of the "
+        "pipeline stage"
+    )
+    assert wgmma_serialization(head + tail) is None
