@@ -243,3 +243,22 @@ def test_overhead_rounds_give_each_timing_its_median_and_keep_every_round():
     assert res["call"] == 21.0 and res["floor"] == 5.5 and res["num_launches"] == 1
     assert res["call_rounds"] == [30.0, 20.0, 21.0] and res["floor_rounds"] == [9.0, 5.0, 5.5]
     assert over_rounds(rounds[:1]) == rounds[0]
+
+
+def test_program_rates_stream_kernel_reads_every_row():
+    """``benchmarks.program_rates``' streaming kernel: each program's stored rows are the column sums of its own
+    slice (every row read once, no row of another slice), and bad configs are usage errors naming the value."""
+    from benchmarks.program_rates import main, stream_rows
+
+    programs, rows, d = 3, 64, 32
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(programs * rows, d, generator=gen).to(torch.float16)
+    out = torch.full((programs * 16 * d,), float("nan"))
+    stream_rows[(programs,)](x, out, rows, BLOCK_N=16, D=d, STAGES=1, num_warps=4)
+    want = x.float().view(programs, rows, d).sum(1)
+    got = out.view(programs, 16, d)
+    torch.testing.assert_close(got, want[:, None, :].expand(programs, 16, d), rtol=1e-3, atol=1e-3)
+    with pytest.raises(SystemExit):
+        main(["--config", "[1]"])
+    with pytest.raises(SystemExit):
+        main(["--config", '{"no_such_key": 1}'])
