@@ -3,7 +3,7 @@
 Two measurements, with the HBM read ceiling from the same run:
 
 - ``stream``: a plain kernel whose programs (one per SM at most) each stream their own contiguous slice of a large
-  bf16 [rows, 128] array through a pipelined loop, by pointer loads (async copies) or tensor-descriptor block
+  bf16 [rows, 128] array through a pipelined loop (median of single launches), by pointer loads (async copies) or tensor-descriptor block
   copies, at several tile widths, warps and pipeline depths. Its per-program GB/s is what one program's copies in
   flight allow: the ceiling a latency-bound program of the attention kernel can reach.
 - ``one_token``: prefill launches of the attention kernel (a 256-token prompt, so the launch is a prefill one)
@@ -81,7 +81,10 @@ def run_stream(lines: list[str]) -> list[dict]:
         out = torch.empty(programs * 16 * d, device="cuda", dtype=torch.float32)
         for kind in ("gathers", "desc"):
             for shape in STREAM_SHAPES:
-                us = time_graph(functools.partial(stream_call, kind, x, out, programs, rows, shape), inner=3, reps=10)
+                print(f"stream {kind} {programs} programs {shape}", file=sys.stderr, flush=True)
+                # (Each launch runs for a millisecond or more: events around single launches, median.)
+                fn = functools.partial(stream_call, kind, x, out, programs, rows, shape)
+                us = 1e3 * triton.testing.do_bench(fn, warmup=5, rep=30, return_mode="median")
                 gbs = rows * d * 2 / us / 1e3
                 rows_out.append({"part": "stream", "kind": kind, "programs": programs, "tile_rows": shape[0],
                                  "warps": shape[1], "stages": shape[2], "us": us, "per_program_gbs": gbs,
