@@ -3,9 +3,9 @@
 Two measurements, with the HBM read ceiling from the same run:
 
 - ``stream``: a plain kernel whose programs (one per SM at most) each stream their own contiguous slice of a large
-  bf16 [rows, 128] array through a pipelined loop (median of single launches), by pointer loads (async copies) or tensor-descriptor block
-  copies, at several tile widths, warps and pipeline depths. Its per-program GB/s is what one program's copies in
-  flight allow: the ceiling a latency-bound program of the attention kernel can reach.
+  bf16 [rows, 128] array through a pipelined loop, by pointer loads (async copies) or tensor-descriptor block
+  copies, at several tile widths, warps and pipeline depths (median of single launches). Its per-program GB/s is
+  what one program's copies in flight allow: the ceiling a latency-bound program of the attention kernel can reach.
 - ``one_token``: prefill launches of the attention kernel (a 256-token prompt, so the launch is a prefill one)
   beside n one-token sequences of 64k keys (8 KV heads: 8n one-token programs), under each ``--config``. With
   fewer programs than SMs the per-program GB/s is the one-token rows' own rate inside a prefill launch (what the
