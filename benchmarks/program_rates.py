@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks.ab import parse_configs
 from triton_paged_ops.bench import Case, _git_sha, build_inputs, finish, hbm_ceilings, time_graph
 from triton_paged_ops.kernels.attention import _ensure_allocator, attention_config_override
 
@@ -129,20 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-stream", action="store_true", help="leave out the streaming kernel")
     p.add_argument("--out", default="tpa_program_rates.json", help="JSON file to write ('' for none)")
     args = p.parse_args(argv)
-    configs = []
-    for text in args.config:
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError as exc:
-            p.error(f"--config takes JSON objects, got {text!r}: {exc}")
-        if not isinstance(cfg, dict):
-            p.error(f"--config takes JSON objects, got {text!r}")
-        try:
-            with attention_config_override(**cfg):
-                pass
-        except ValueError as exc:
-            p.error(f"--config: {exc}")
-        configs.append(cfg)
+    configs = parse_configs(p, args.config)
+    for cfg, text in zip(configs, args.config):
+        if {"hints", "exact"} & set(cfg):
+            p.error(f"--config {text!r}: launch options only here (no hints or exact)")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2

@@ -262,3 +262,5 @@ def test_program_rates_stream_kernel_reads_every_row():
         main(["--config", "[1]"])
     with pytest.raises(SystemExit):
         main(["--config", '{"no_such_key": 1}'])
+    with pytest.raises(SystemExit):
+        main(["--config", '{"hints": false}'])
