@@ -66,6 +66,9 @@ def stream_call(kind: str, x: torch.Tensor, out: torch.Tensor, programs: int, ro
     """One launch of the streaming kernel (``kind`` "gathers" or "desc") over ``programs`` slices of ``rows``."""
     block_n, warps, stages = shape
     d = x.shape[1]
+    if rows % block_n or programs * rows > x.shape[0]:
+        # (The kernel reads whole tiles without masks: a slice must be whole tiles inside the array.)
+        raise ValueError(f"rows ({rows}) must be a multiple of the tile ({block_n}), programs x rows within the array")
     if kind == "gathers":
         return stream_rows[(programs,)](x, out, rows, BLOCK_N=block_n, D=d, STAGES=stages, num_warps=warps)
     return stream_rows_desc[(programs,)](x, out, x.shape[0], rows, BLOCK_N=block_n, D=d, STAGES=stages,
@@ -78,7 +81,8 @@ def run_stream(lines: list[str]) -> list[dict]:
     x = torch.randn(total, d, device="cuda", dtype=torch.bfloat16)
     rows_out = []
     for programs in (8, 33, 66, 132):
-        rows = min((32 << 20) // (2 * d), total // programs)  # 32 MiB a program
+        # 32 MiB a program, whole tiles of the largest shape.
+        rows = min((32 << 20) // (2 * d), total // programs) // 128 * 128
         out = torch.empty(programs * 16 * d, device="cuda", dtype=torch.float32)
         for kind in ("gathers", "desc"):
             for shape in STREAM_SHAPES:

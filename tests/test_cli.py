@@ -248,7 +248,7 @@ def test_overhead_rounds_give_each_timing_its_median_and_keep_every_round():
 def test_program_rates_stream_kernel_reads_every_row():
     """``benchmarks.program_rates``' streaming kernel: each program's stored rows are the column sums of its own
     slice (every row read once, no row of another slice), and bad configs are usage errors naming the value."""
-    from benchmarks.program_rates import main, stream_rows
+    from benchmarks.program_rates import main, stream_call, stream_rows
 
     programs, rows, d = 3, 64, 32
     gen = torch.Generator().manual_seed(5)
@@ -258,6 +258,10 @@ def test_program_rates_stream_kernel_reads_every_row():
     want = x.float().view(programs, rows, d).sum(1)
     got = out.view(programs, 16, d)
     torch.testing.assert_close(got, want[:, None, :].expand(programs, 16, d), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="multiple of the tile"):
+        stream_call("gathers", x, out, programs, rows - 8, (16, 4, 1))
+    with pytest.raises(ValueError, match="within the array"):
+        stream_call("gathers", x, out, programs + 1, rows, (16, 4, 1))
     with pytest.raises(SystemExit):
         main(["--config", "[1]"])
     with pytest.raises(SystemExit):
