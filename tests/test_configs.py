@@ -636,6 +636,9 @@ def test_tuning_shapes_of_each_regime_lie_in_it(group):
                     shape_grid(*args, num_sms=sms)
                 continue
             cases = shape_grid(*args, num_sms=sms)
+            if regime in ("prefill", "prompts"):
+                # A long whole prompt in every grid, quick too (NOTES v44: a quick winner lost on 1x8k).
+                assert any(c.queries() == c.kv_lens and max(c.kv_lens) >= 8192 for c in cases), (regime, quick)
             for c in cases:
                 # The hint the tuning calls pass (prompts only; ``tune.build_inputs`` with ``hints``).
                 no_decodes = regime == "prompts" and decode_tail_of(c.queries()) == 0

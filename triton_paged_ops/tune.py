@@ -171,9 +171,12 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
     if regime in ("prefill", "prompts"):
         # Whole causal prefills and chunks on a cached prefix: they favour different KV tiles and pipeline depths
         # (H200, D128: 64-key tiles, 3 stages for whole prompts; 32-key tiles for 256-token chunks). Prompts are
-        # these batches called with their layout hint (no one-token rows), prefill the same without it.
-        shapes = [([2048] * 2, 2048), ([4096], 256)] if quick else [([2048] * 4, 2048), ([8192], 8192),
-                                                                    ([4096] * 2, 512)]  # fmt: skip
+        # these batches called with their layout hint (no one-token rows), prefill the same without it. The quick
+        # grid keeps a long prompt too: without it the H200's D128 quick winner (two capped programs an SM) lost
+        # 2% on 1x8k to the entry it had beaten on the shorter shapes (NOTES v44).
+        shapes = [([2048] * 2, 2048), ([8192], 8192), ([4096], 256)] if quick else [([2048] * 4, 2048),
+                                                                                    ([8192], 8192),
+                                                                                    ([4096] * 2, 512)]  # fmt: skip
         return [Case(f"{regime}{i}", kv, q_len=q, **common) for i, (kv, q) in enumerate(shapes)]
     if regime == "decode_large":
         lens = [[8192] * max(64, 2 * full)] if quick else [[4096] * max(32, full), [8192] * max(64, 2 * full),
