@@ -30,31 +30,24 @@ from triton_paged_ops.kernels.attention import _ensure_allocator, attention_conf
 
 
 @triton.jit
-def stream_rows(x_ptr, out_ptr, rows_per_program, BLOCK_N: tl.constexpr, D: tl.constexpr, STAGES: tl.constexpr):
+def stream_rows(x_ptr, out_ptr, total_rows, rows_per_program, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                STAGES: tl.constexpr, BLOCK_COPIES: tl.constexpr):  # fmt: skip
     """Program p reads rows [p * rows_per_program, ...) tile by tile into a product (so every byte is used) and
-    stores the column sums of its rows, [16, D] (16 equal rows: the smallest tensor-core product)."""
+    stores the column sums of its rows, [16, D] (16 equal rows: the smallest tensor-core product). Each tile by
+    pointer loads, or with ``BLOCK_COPIES`` as one tensor-descriptor block copy (TMA on NVIDIA)."""
     base = tl.program_id(0).to(tl.int64) * rows_per_program
     ones = tl.full([16, BLOCK_N], 1.0, x_ptr.dtype.element_ty)
     acc = tl.zeros([16, D], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
+    if BLOCK_COPIES:
+        desc = tl.make_tensor_descriptor(x_ptr, shape=[total_rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
     for r in tl.range(0, rows_per_program, BLOCK_N, num_stages=STAGES):
-        x = tl.load(x_ptr + (base + r + offs_n)[:, None] * D + offs_d[None, :])
+        if BLOCK_COPIES:
+            x = desc.load([(tl.program_id(0) * rows_per_program + r).to(tl.int32), 0])
+        else:
+            x = tl.load(x_ptr + (base + r + offs_n)[:, None] * D + offs_d[None, :])
         acc = tl.dot(ones, x, acc)
-    tl.store(out_ptr + tl.program_id(0) * 16 * D + tl.arange(0, 16)[:, None] * D + offs_d[None, :], acc)
-
-
-@triton.jit
-def stream_rows_desc(x_ptr, out_ptr, total_rows, rows_per_program, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                     STAGES: tl.constexpr):  # fmt: skip
-    """``stream_rows`` with each tile one tensor-descriptor block copy (TMA on NVIDIA)."""
-    desc = tl.make_tensor_descriptor(x_ptr, shape=[total_rows, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-    base = tl.program_id(0) * rows_per_program
-    ones = tl.full([16, BLOCK_N], 1.0, x_ptr.dtype.element_ty)
-    acc = tl.zeros([16, D], tl.float32)
-    offs_d = tl.arange(0, D)
-    for r in tl.range(0, rows_per_program, BLOCK_N, num_stages=STAGES):
-        acc = tl.dot(ones, desc.load([base + r, 0]), acc)
     tl.store(out_ptr + tl.program_id(0) * 16 * D + tl.arange(0, 16)[:, None] * D + offs_d[None, :], acc)
 
 
@@ -66,13 +59,13 @@ def stream_call(kind: str, x: torch.Tensor, out: torch.Tensor, programs: int, ro
     """One launch of the streaming kernel (``kind`` "gathers" or "desc") over ``programs`` slices of ``rows``."""
     block_n, warps, stages = shape
     d = x.shape[1]
+    if kind not in ("gathers", "desc"):
+        raise ValueError(f"kind must be 'gathers' or 'desc', got {kind!r}")
     if rows % block_n or programs * rows > x.shape[0]:
         # (The kernel reads whole tiles without masks: a slice must be whole tiles inside the array.)
         raise ValueError(f"rows ({rows}) must be a multiple of the tile ({block_n}), programs x rows within the array")
-    if kind == "gathers":
-        return stream_rows[(programs,)](x, out, rows, BLOCK_N=block_n, D=d, STAGES=stages, num_warps=warps)
-    return stream_rows_desc[(programs,)](x, out, x.shape[0], rows, BLOCK_N=block_n, D=d, STAGES=stages,
-                                         num_warps=warps)  # fmt: skip
+    return stream_rows[(programs,)](x, out, x.shape[0], rows, BLOCK_N=block_n, D=d, STAGES=stages,
+                                    BLOCK_COPIES=kind == "desc", num_warps=warps)  # fmt: skip
 
 
 def run_stream(lines: list[str]) -> list[dict]:
@@ -113,13 +106,12 @@ def run_one_token(configs: list[dict], lines: list[str]) -> list[dict]:
     rows_out = []
     for i, case in enumerate(one_token_cases()):
         inp = build_inputs(case, seed=i, hints="no hint" not in case.name)
-        one_token = len(case.kv_lens) - 1 if case.q_lens else 0
-        kv_bytes = 2 * sum(case.kv_lens) * case.num_kv_heads * case.head_dim * 2
+        one_token = sum(q == 1 for q in case.queries())
         for cfg in configs:
             with attention_config_override(**cfg):
                 us = time_graph(inp.call, inner=5, reps=10)
             programs = one_token * case.num_kv_heads
-            gbs = kv_bytes / us / 1e3 / programs if programs else None
+            gbs = inp.kv_bytes / us / 1e3 / programs if programs else None
             rows_out.append({"part": "one_token", "case": case.name, "config": cfg, "us": us,
                              "one_token_programs": programs, "per_program_gbs": gbs})  # fmt: skip
             rate = f"{gbs:>6.1f} GB/s a one-token program" if gbs and "prompt +" in case.name else ""

@@ -254,7 +254,7 @@ def test_program_rates_stream_kernel_reads_every_row():
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(programs * rows, d, generator=gen).to(torch.float16)
     out = torch.full((programs * 16 * d,), float("nan"))
-    stream_rows[(programs,)](x, out, rows, BLOCK_N=16, D=d, STAGES=1, num_warps=4)
+    stream_rows[(programs,)](x, out, x.shape[0], rows, BLOCK_N=16, D=d, STAGES=1, BLOCK_COPIES=False, num_warps=4)
     want = x.float().view(programs, rows, d).sum(1)
     got = out.view(programs, 16, d)
     torch.testing.assert_close(got, want[:, None, :].expand(programs, 16, d), rtol=1e-3, atol=1e-3)
