@@ -89,10 +89,15 @@ GUARD_KEYS = ("page_guard",)
 # Causal taller tiles' diagonal tiles (those the causal mask cuts): 1 in a masked loop of their own after the
 # unmasked one, 2 in the unmasked loop (one pipeline fill per query block), masked where they start.
 LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead", "diag_loop")
+# Prefill launches on sm_90 (``kernels.hopper``): 1 the unified kernel, 2 the warp-specialized Gluon kernel where
+# the launch fits it (its KV tile width and pipeline stages: ``ws_block_n``, ``ws_stages``; its query tile is 128
+# rows); the entry's other keys still configure the unified kernel for the launches that fall back to it.
+WS_KEYS = ("ws_prefill", "ws_block_n", "ws_stages")
 # Keys that choose between two forms (1 or 2).
 SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",
-               "ids_ahead", "diag_loop")  # fmt: skip
-CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
+               "ids_ahead", "diag_loop", "ws_prefill")  # fmt: skip
+CONFIG_KEYS = (TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
+               + WS_KEYS)  # fmt: skip
 SHIPPED_DIR = Path(__file__).parent / "configs"
 
 
@@ -154,15 +159,16 @@ def validate_config(cfg: object) -> str | None:
             return f"unknown key {key!r}"
         if not isinstance(val, int) or isinstance(val, bool) or val < 1:
             return f"{key} must be a positive integer, got {val!r}"
-    for key in ("BLOCK_M", "BLOCK_N", "small_block_n"):
+    for key in ("BLOCK_M", "BLOCK_N", "small_block_n", "ws_block_n"):
         if key in cfg and (cfg[key] < 16 or cfg[key] & (cfg[key] - 1)):
             return f"{key} must be a power of two >= 16, got {cfg[key]}"
     if cfg.get("num_warps", 4) not in (1, 2, 4, 8, 16):
         return f"num_warps must be 1, 2, 4, 8 or 16, got {cfg['num_warps']}"
     if not 24 <= cfg.get("maxnreg", 255) <= 255:
         return f"maxnreg must be 24 to 255 registers, got {cfg['maxnreg']}"
-    if cfg.get("num_stages", 2) > 8:
-        return f"num_stages must be <= 8, got {cfg['num_stages']}"
+    for key in ("num_stages", "ws_stages"):
+        if cfg.get(key, 2) > 8:
+            return f"{key} must be <= 8, got {cfg[key]}"
     if cfg.get("fill_percent", 100) > 100:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):

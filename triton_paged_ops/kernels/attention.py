@@ -772,6 +772,11 @@ def select_attention_config(
     # K and V waited for apart, with a third CTA barrier). H200: D64 prompts (two 8-warp programs per SM) -4.4%,
     # D128 +3-8%, page 1 +9%, D64's 4-warp prefill entry +4.6% (NOTES v43): only the D64 prompts entry takes it.
     cfg.setdefault("diag_loop", 1)
+    # Prefill on sm_90 through the warp-specialized kernel (``kernels.hopper``; 2), or the unified one (1): only
+    # where a table entry measured it.
+    cfg.setdefault("ws_prefill", 1)
+    cfg.setdefault("ws_block_n", 128 if head_dim_pad <= 128 else 64)
+    cfg.setdefault("ws_stages", 2)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -1443,6 +1448,9 @@ class LaunchPlan:
     options: dict = dataclasses.field(default_factory=dict)  # Triton launch options (num_warps, num_stages, ...)
     # A small int naming (constexprs, options): the short launch path's key for them (hashed once, not per call).
     kernel_id: int = 0
+    # The warp-specialized sm_90 prefill kernel's (KV tile width, stages, dispatch order) where the launch takes it
+    # (``kernels.hopper``; None: the unified kernel).
+    ws: tuple[int, int, int] | None = None
 
     def variant(self) -> tuple:
         """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
@@ -1609,7 +1617,21 @@ def _cached_launch_plan(
         # once seen with them on an H200 came from the fp16 tile height, fixed above; this stays as a guard.)
         options["enable_fp_fusion"] = False
     kernel_id = _KERNEL_IDS.setdefault((tuple(constexprs.items()), tuple(options.items())), len(_KERNEL_IDS))
-    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id)
+    ws = None
+    if (cfg["ws_prefill"] == 2 and not interpret and max_seqlen_q > 1 and not batch_invariant
+            and split.num_splits == 1 and window_left < 0 and softcap == 0.0
+            and not (has_alibi or has_sinks or has_k_scale or has_v_scale or want_lse)):  # fmt: skip
+        from triton_paged_ops.kernels import hopper  # (it imports this module)
+
+        if hopper.available(device_index) and hopper.shape_ok(
+            group=group, head_dim=head_dim, head_dim_v=head_dim_v, page_size=page_size, block_n=cfg["ws_block_n"],
+            stages=cfg["ws_stages"], dtype=dtype, cache_dtype=cache_dtype,
+            shared_limit=max_shared_memory(device_index),
+        ):  # fmt: skip
+            mixed = 2 if cfg["mixed_order"] == 2 and decode_tail > 0 and num_seqs > 1 else 1
+            ws = (cfg["ws_block_n"], cfg["ws_stages"], mixed)
+    return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id,
+                      ws)  # fmt: skip
 
 
 def _chunked_rows_ok(cfg: dict, num_splits: int, dtype: torch.dtype, cache_dtype: torch.dtype, window_left: int,
@@ -1789,6 +1811,10 @@ class PreparedLaunch:
     # Block copies (KV_DESC): the same call with gathers, for caches whose base address is not 16-byte aligned (and
     # for traced launches).
     gathers: PreparedLaunch | None = None
+    # The warp-specialized sm_90 kernel's launch arguments beyond the tensors (``kernels.hopper.launch``), where
+    # the plan takes it and the caches' layout admits its copies; traced launches and caches at an address its
+    # copies cannot take run the unified kernel.
+    ws: dict | None = None
 
 
 def prepare_attention_launch(
@@ -1858,6 +1884,14 @@ def prepare_attention_launch(
     )  # fmt: skip
     prepared = PreparedLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems,
                               merge_counts, None if interpret else q.device.index)  # fmt: skip
+    if lp.ws is not None:
+        from triton_paged_ops.kernels import hopper
+
+        if hopper.layout_ok(k_cache, v_cache, check_address=False):
+            block_n, stages, mixed = lp.ws
+            prepared.ws = dict(scale=float(scale), causal=causal, num_seqs=num_seqs,
+                               tail_seq=num_seqs - max(decode_tail, 0), mixed_order=mixed, block_n=block_n,
+                               stages=stages)  # fmt: skip
     if lp.constexprs["KV_DESC"]:
         # A later call with the same metadata may bring caches at an address a descriptor cannot take.
         prepared.gathers = prepare_attention_launch(q, k_cache, v_cache, block_table, num_seqs, max_seqlen_q,
@@ -1883,6 +1917,11 @@ def run_attention_launch(
     """Launch a prepared call on tensors whose metadata is the one it was prepared from. ``optional``:
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
+    if p.ws is not None and wrap is None and not (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
+        from triton_paged_ops.kernels import hopper
+
+        hopper.launch(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out, **p.ws)
+        return
     if p.gathers is not None:
         # Traced launches (``wrap``) cannot see the addresses their kernels will get: they gather.
         if wrap is not None or (k_cache.data_ptr() | v_cache.data_ptr()) & 15:

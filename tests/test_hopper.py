@@ -1,0 +1,142 @@
+"""The warp-specialized sm_90 prefill kernel (``kernels.hopper``): which launches take it, and (on an sm_90 GPU with
+a verified Triton) its outputs against the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import triton_paged_ops as tpa
+from triton_paged_ops import configs, reference
+from triton_paged_ops.inputs import random_paged_batch
+from triton_paged_ops.kernels import hopper
+from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
+
+from .strategies import poison_unowned_slots
+from .test_attention import assert_close_to_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HOPPER = torch.cuda.is_available() and hopper.available(torch.cuda.current_device())
+
+
+def _plan(device_index, interpret=False, **kw):
+    args = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=16, dtype=torch.bfloat16,
+                cache_dtype=torch.bfloat16, num_seqs=4, max_seqlen_q=2048, max_seqlen_k=4096, causal=True,
+                window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False, has_v_scale=False,
+                has_rows=False, want_lse=False, device_index=device_index, interpret=interpret, decode_tail=0)  # fmt: skip
+    args.update(kw)
+    return attention_launch_plan(**args)
+
+
+def test_shapes_and_layouts_it_takes():
+    """``shape_ok``: 16-bit caches of the query's dtype, equal K/V head dims of 64/128/256, groups dividing the
+    128-row tile, copies of at least 16 rows that divide both the page and the KV tile, buffers within the limit;
+    ``layout_ok``: heads adjacent in a slot, slots evenly strided, 16-byte strides and base."""
+    ok = dict(group=4, head_dim=128, head_dim_v=128, page_size=16, block_n=128, stages=2, dtype=torch.bfloat16,
+              cache_dtype=torch.bfloat16, shared_limit=232448)  # fmt: skip
+    assert hopper.shape_ok(**ok)
+    for bad in (dict(dtype=torch.float32, cache_dtype=torch.float32), dict(cache_dtype=torch.float8_e4m3fn),
+                dict(head_dim=96, head_dim_v=96), dict(head_dim_v=64), dict(group=3), dict(page_size=1),
+                dict(page_size=8), dict(page_size=48), dict(block_n=32), dict(stages=4),
+                dict(shared_limit=180000)):  # fmt: skip
+        assert not hopper.shape_ok(**{**ok, **bad}), bad
+    for good in (dict(page_size=64), dict(page_size=256), dict(page_size=32), dict(head_dim=64, head_dim_v=64),
+                 dict(head_dim=256, head_dim_v=256, block_n=64), dict(group=1), dict(group=128),
+                 dict(dtype=torch.float16, cache_dtype=torch.float16)):  # fmt: skip
+        assert hopper.shape_ok(**{**ok, **good}), good
+    assert hopper.shared_bytes(128, 128, 2) >= 180312  # ptxas's figure for that variant (Triton 3.6)
+
+    cache = torch.zeros(10, 16, 8, 128, dtype=torch.bfloat16)
+    assert hopper.layout_ok(cache, cache)
+    combined = torch.zeros(10, 16, 2, 8, 128, dtype=torch.bfloat16)  # K and V of a slot side by side
+    assert hopper.layout_ok(combined[:, :, 0], combined[:, :, 1])
+    padded = torch.zeros(10, 16, 8, 136, dtype=torch.bfloat16)[..., :128]  # heads not adjacent
+    assert not hopper.layout_ok(padded, padded)
+    shifted = torch.zeros(10 * 16 * 8 * 128 + 1, dtype=torch.bfloat16)[1:].view(10, 16, 8, 128)
+    assert not hopper.layout_ok(shifted, shifted)
+    assert hopper.layout_ok(shifted, shifted, check_address=False)
+
+
+def test_interpreter_and_cpu_launches_never_take_it():
+    """Without an sm_90 device (the interpreter, CPU tensors) the plan keeps the unified kernel, whatever the
+    config says."""
+    assert not hopper.available(None)
+    with attention_config_override(ws_prefill=2):
+        assert _plan(None, interpret=True).ws is None
+
+
+def test_config_keys_are_validated():
+    assert configs.validate_config({"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2}) is None
+    assert "ws_prefill" in configs.validate_config({"ws_prefill": 3})
+    assert "ws_block_n" in configs.validate_config({"ws_block_n": 96})
+    assert "ws_stages" in configs.validate_config({"ws_stages": 9})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU and a Triton whose Gluon API this kernel was verified on")
+def test_plan_takes_it_only_where_it_fits():
+    """On sm_90 a prefill launch takes the kernel when its config says so and nothing it lacks is asked for (lse,
+    window, cap, ALiBi, sinks, scales, split, batch-invariant mode, decode launches)."""
+    dev = torch.cuda.current_device()
+    with attention_config_override(ws_prefill=2):
+        assert _plan(dev).ws == (128, 2, 1)
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2, 2)
+        for bad in (dict(want_lse=True), dict(window_left=100), dict(softcap=30.0), dict(has_alibi=True),
+                    dict(has_sinks=True), dict(has_k_scale=True), dict(max_seqlen_q=1), dict(batch_invariant=True),
+                    dict(page_size=1), dict(dtype=torch.float32, cache_dtype=torch.float32)):  # fmt: skip
+            assert _plan(dev, **bad).ws is None, bad
+    with attention_config_override(ws_prefill=1):
+        assert _plan(dev).ws is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU and a Triton whose Gluon API this kernel was verified on")
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+@example(data=None)
+def test_matches_reference(data):
+    """Prompts, chunks on a cached prefix and mixed batches (decodes at the end, with the layout hint), ragged
+    lengths, pages of 16-128 keys, GQA groups 1/4/8/16, head dims 64/128/256, bf16 and fp16, causal or not, a
+    request-pool block table (rows picked by index), padding rows: against the reference, with outputs
+    NaN-poisoned and NaN in every cache slot no sequence owns (stale slots of the last page must not leak)."""
+    if data is None:  # a fixed case: a mixed batch with pages of 16 and a ragged last page
+        q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n = (
+            [300, 77, 1, 1, 1], [0, 500, 900, 33, 17], 16, 128, 4, torch.bfloat16, True, False, 128)
+        seed = 0
+    else:
+        batch = data.draw(st.integers(1, 6))
+        q_lens = data.draw(st.lists(st.integers(1, 700), min_size=batch, max_size=batch))
+        q_lens[0] = max(q_lens[0], 2)
+        decodes = data.draw(st.integers(0, 4))
+        q_lens += [1] * decodes
+        prefix = data.draw(st.lists(st.integers(0, 1500), min_size=len(q_lens), max_size=len(q_lens)))
+        page_size = data.draw(st.sampled_from((16, 32, 64, 128)))
+        head_dim = data.draw(st.sampled_from((64, 128, 256)))
+        group = data.draw(st.sampled_from((1, 4, 8, 16)))
+        dtype = data.draw(st.sampled_from((torch.bfloat16, torch.float16)))
+        causal = data.draw(st.booleans())
+        rows = data.draw(st.booleans())
+        block_n = 64 if head_dim == 256 else data.draw(st.sampled_from((64, 128)))
+        seed = data.draw(st.integers(0, 2**31 - 1))
+    kv_lens = [q + p for q, p in zip(q_lens, prefix)]
+    num_kv_heads = 2
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    p = random_paged_batch(q_lens, kv_lens, num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
+                           head_dim=head_dim, page_size=page_size, dtype=dtype, device=DEVICE, generator=gen,
+                           pad_tokens=3, spare_pages=2, extra_cols=1,
+                           rows_dtype=torch.int32 if rows else None)  # fmt: skip
+    poison_unowned_slots(p.k_cache, p.v_cache, p.block_table, p.seq_lens, p.block_table_rows)
+    hint = tpa.decode_tail_of(q_lens)
+    extra = {"block_table_rows": p.block_table_rows} if rows else {}
+    with attention_config_override(ws_prefill=2, ws_block_n=block_n, ws_stages=2):
+        lp = _plan(torch.cuda.current_device(), num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
+                   head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype, cache_dtype=dtype,
+                   num_seqs=len(q_lens), max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), causal=causal,
+                   has_rows=rows, decode_tail=hint)  # fmt: skip
+        assert lp.ws is not None, "the launch should take the warp-specialized kernel"
+        out = torch.full((p.q.shape[0], group * num_kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+        tpa.paged_attention_out(*p.args, causal=causal, decode_tail=hint, out=out, **extra)
+    ref = reference.paged_attention(*p.args[:6], p.scale, causal=causal, **extra)
+    assert_close_to_reference(out, None, ref, None, dtype, sum(q_lens))

@@ -1,0 +1,358 @@
+"""Warp-specialized prefill for NVIDIA Hopper (sm_90), written in Gluon (Triton's explicit-layout dialect).
+
+The unified kernel (``attention.py``) leaves the tensor cores idle while a program computes its softmax: Triton's
+pipeliner waits for each ``wgmma`` before the next step, and its 64-row warpgroup tiles either serialize under a
+register cap or take so many registers that one program fills an SM (NOTES v44). This kernel splits a 128-row
+query tile (``128 // GROUP`` tokens x the ``GROUP`` query heads of one KV head) between two *consumer* warpgroups of
+64 rows each, which run independently (one's softmax beside the other's products), and gives the K/V loads to a
+*producer* warp: it walks the block table and copies each page's rows of a ``BLOCK_N``-key tile into shared memory
+with the tensor memory accelerator (one copy per page, so pages of 16 keys need no gathers), ``STAGES`` tiles
+ahead, handing buffers over through mbarriers. Consumers get up to 232 registers each, the producer 64.
+
+Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
+queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages whose
+size divides the KV tile or is a multiple of it (at least 16 keys when smaller), heads adjacent within a slot,
+causal or not, no window, cap, ALiBi, sinks, cache scales, lse output or split, and not under ``torch.compile``
+tracing. Programs map onto query blocks exactly as the unified kernel's (longest block of a sequence first;
+``mixed_order`` 2 for batches ending in decodes), so one-token sequences of a mixed batch run here too, with one
+consumer warpgroup idle.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from triton_paged_ops import configs
+from triton_paged_ops.kernels.attention import (
+    _find_seq,
+    _find_seq_with_tail,
+    _interleave_one_token_rows,
+    _one_token_tail,
+)
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # a Triton without Gluon's Hopper API: the unified kernel runs everything
+    gluon = None
+
+# Triton versions whose Gluon API this file is written and verified against (Gluon is experimental: its signatures
+# change between releases).
+VERIFIED_TRITON = ("3.6",)
+TILE_ROWS = 128  # query rows per program: two consumer warpgroups of one wgmma M (64) each
+ROWS = triton.language.constexpr(TILE_ROWS // 2)
+BLOCK_M = triton.language.constexpr(TILE_ROWS)
+HEAD_DIMS = (64, 128, 256)
+LOG2E = 1.4426950408889634
+CONSUMER_REGS = triton.language.constexpr(232)
+PRODUCER_REGS = triton.language.constexpr(64)
+
+
+def available(device_index: int | None) -> bool:
+    """Whether this kernel can run on CUDA device ``device_index`` with the installed Triton: an sm_90 GPU (wgmma
+    and TMA; not ROCm) and a verified Gluon."""
+    if gluon is None or device_index is None or torch.version.hip is not None:
+        return False
+    if configs.triton_version() not in VERIFIED_TRITON:
+        return False
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
+def copy_rows(page_size: int, block_n: int) -> int:
+    """Rows per TMA copy of a KV tile: a page, or the whole tile where a page holds several tiles."""
+    return min(page_size, block_n)
+
+
+def shape_ok(*, group: int, head_dim: int, head_dim_v: int, page_size: int, block_n: int, stages: int,
+             dtype: torch.dtype, cache_dtype: torch.dtype, shared_limit: int) -> bool:  # fmt: skip
+    """Whether a launch's shapes fit this kernel (see the module docstring) and its buffers ``shared_limit``
+    bytes of shared memory."""
+    rows = copy_rows(page_size, block_n)
+    if dtype not in (torch.float16, torch.bfloat16) or cache_dtype != dtype:
+        return False
+    if head_dim != head_dim_v or head_dim not in HEAD_DIMS or TILE_ROWS % group:
+        return False
+    if block_n not in (64, 128) or rows < 16 or block_n % rows or page_size % rows:
+        return False
+    return shared_bytes(head_dim, block_n, stages) <= shared_limit
+
+
+def shared_bytes(head_dim: int, block_n: int, stages: int) -> int:
+    """Shared memory of one program: the q tile, ``stages`` K and V tiles, and room for the compiler's layout
+    conversions (measured with ptxas: 180,296 B at D128, 128-key tiles, two stages)."""
+    return 2 * (TILE_ROWS * head_dim + 2 * stages * block_n * head_dim) + 20 * 1024
+
+
+def layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor, check_address: bool = True) -> bool:
+    """Whether both caches can be read as 2-D row blocks [slots, heads x D] by the TMA: slots evenly strided across
+    pages, heads adjacent within a slot, 16-byte aligned strides (and base, unless not ``check_address``), under
+    2^31 slots."""
+    for c in (k_cache, v_cache):
+        pages, page_size, heads, d = c.shape
+        sp, ss, sh, sd = c.stride()
+        e = c.element_size()
+        if sd != 1 or sh != d or (sp != page_size * ss and pages > 1) or (ss * e) % 16:
+            return False
+        if check_address and c.data_ptr() % 16:
+            return False
+        if pages * page_size >= 1 << 31:
+            return False
+    return True
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
+                  kv_col, n_tiles, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
+                  STAGES: gl.constexpr):  # fmt: skip
+        """One warp: copies the K and V tiles of keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``, j < ``n_tiles``, page
+        by page into ring buffers, each once both consumers have released its slot. A tile reaching past the
+        sequence gets its V rows there zeroed (they multiply probabilities of 0, and stale cache slots may hold
+        NaN); its keys are masked by the consumers."""
+        D: gl.constexpr = k_desc.block_type.shape[1]
+        tile_bytes: gl.constexpr = BLOCK_N * D * k_desc.block_type.element_ty.primitive_bitwidth // 8
+        fix_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
+        n_pages = gl.cdiv(kv_len, PAGE_SIZE)
+        for j in range(n_tiles):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
+            mbarrier.expect(k_ready.index(s), tile_bytes)
+            for c in gl.static_range(BLOCK_N // COPY):
+                key = j * BLOCK_N + c * COPY
+                # (Tiles past the last page re-read it: those keys are masked, and the block table row holds no
+                # more entries than the sequence's pages.)
+                page = gl.load(bt_row_ptr + gl.minimum(key // PAGE_SIZE, n_pages - 1))
+                tma.async_copy_global_to_shared(k_desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col],
+                                                k_ready.index(s), k_smem.index(s).slice(c * COPY, COPY))  # fmt: skip
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
+            tail = (j + 1) * BLOCK_N > kv_len
+            # (v_ready's extra barrier, at index STAGES, takes the copies of a tile to be fixed up first.)
+            bar = v_ready.index(gl.where(tail, STAGES, s))
+            mbarrier.expect(bar, tile_bytes)
+            for c in gl.static_range(BLOCK_N // COPY):
+                key = j * BLOCK_N + c * COPY
+                page = gl.load(bt_row_ptr + gl.minimum(key // PAGE_SIZE, n_pages - 1))
+                tma.async_copy_global_to_shared(v_desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col], bar,
+                                                v_smem.index(s).slice(c * COPY, COPY))  # fmt: skip
+            if tail:
+                # The last tile of a program that reaches the sequence's end (once per program: phase 0).
+                mbarrier.wait(v_ready.index(STAGES), 0)
+                for r in gl.static_range(BLOCK_N // 8):
+                    if j * BLOCK_N + r * 8 + 8 > kv_len:
+                        rows = v_smem.index(s).slice(r * 8, 8)
+                        keys = j * BLOCK_N + r * 8 + gl.arange(0, 8, layout=gl.SliceLayout(1, fix_layout))
+                        vals = rows.load(fix_layout)
+                        rows.store(gl.where((keys < kv_len)[:, None], vals, gl.zeros_like(vals)))
+                fence_async_shared()
+                gl.thread_barrier()
+                mbarrier.arrive(v_ready.index(s), count=1)
+
+    @gluon.jit
+    def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                  q_start, q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
+                  stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):  # fmt: skip
+        """One warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the program's query tile, online softmax in base 2
+        over the producer's tiles, output normalized and stored. A warpgroup without rows only releases the
+        tiles."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        row0 = q_block * BLOCK_M + WG * ROWS
+        # Token (within the sequence) of the warpgroup's first row; rows of tokens >= q_len are padding.
+        first_tok = row0 // GROUP
+        if first_tok >= q_len:
+            for j in range(n_tiles):
+                s = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(s), phase)
+                mbarrier.arrive(k_empty.index(s), count=1)
+                mbarrier.wait(v_ready.index(s), phase)
+                mbarrier.arrive(v_empty.index(s), count=1)
+        else:
+            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, io_layout))
+            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
+            tok = rows // GROUP
+            head = kv_head * GROUP + rows % GROUP
+            valid = (tok < q_len)[:, None]
+            q_off = (q_start + tok).to(gl.int64) * stride_q_t + head * stride_q_h
+            q = gl.load(q_ptr + q_off[:, None] + cols[None, :], mask=valid, other=0.0)
+            q_tile = q_smem.index(WG)
+            q_tile.store(q)
+            fence_async_shared()
+
+            # Keys a row may see: up to its position (bottom-right aligned causal mask), below kv_len.
+            offset = kv_len - q_len
+            if IS_CAUSAL:
+                n_full = gl.maximum(offset + first_tok + 1, 0) // BLOCK_N
+                last_tok = gl.minimum((row0 + ROWS - 1) // GROUP, q_len - 1)
+                my_tiles = gl.minimum(n_tiles, gl.cdiv(gl.maximum(offset + last_tok + 1, 0), BLOCK_N))
+            else:
+                n_full = kv_len // BLOCK_N
+                my_tiles = n_tiles
+            s_rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
+            s_limit = kv_len + 0 * s_rows
+            if IS_CAUSAL:
+                s_limit = gl.minimum(s_limit, offset + s_rows // GROUP + 1)
+            s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+            l_i = gl.full([ROWS], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
+            acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
+            zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
+            for j in range(n_tiles):
+                s = j % STAGES
+                phase = (j // STAGES) & 1
+                mbarrier.wait(k_ready.index(s), phase)
+                k_tile = k_smem.index(s)
+                if j < my_tiles:
+                    qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+                    qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
+                    # Every warp of the group is past its reads of the K slot before it is handed back.
+                    gl.thread_barrier()
+                    mbarrier.arrive(k_empty.index(s), count=1)
+                    qk = qk * qk_scale
+                    if j >= n_full:
+                        keys = j * BLOCK_N + s_cols
+                        qk = gl.where(keys[None, :] < s_limit[:, None], qk, float("-inf"))
+                    m_new = gl.maximum(m_i, gl.max(qk, 1))
+                    # Rows that have seen no key yet keep a finite reference (exp2(-inf - -inf) would be NaN).
+                    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+                    alpha = gl.exp2(m_i - m_ref)
+                    p = gl.exp2(qk - m_ref[:, None])
+                    l_i = l_i * alpha + gl.sum(p, 1)
+                    m_i = m_new
+                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                    mbarrier.wait(v_ready.index(s), phase)
+                    v_tile = v_smem.index(s)
+                    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                    acc, _ = warpgroup_mma_wait(0, deps=[acc, v_tile])
+                    gl.thread_barrier()
+                    mbarrier.arrive(v_empty.index(s), count=1)
+                else:
+                    # A tile past every row's keys (the program's other warpgroup needs it): released unread.
+                    mbarrier.arrive(k_empty.index(s), count=1)
+                    mbarrier.wait(v_ready.index(s), phase)
+                    mbarrier.arrive(v_empty.index(s), count=1)
+
+            inv = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)  # a row with no visible key writes zeros
+            acc = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
+            o = gl.convert_layout(acc.to(dtype), io_layout)
+            o_off = (q_start + tok).to(gl.int64) * stride_o_t + head * stride_o_h
+            gl.store(out_ptr + o_off[:, None] + cols[None, :], o, mask=valid)
+
+    @gluon.jit
+    def _ws_prefill_kernel(q_ptr, out_ptr, k_desc, v_desc, block_table_ptr, block_table_rows_ptr, cu_seqlens_q_ptr,
+                           seq_lens_ptr, qk_scale, num_seqs, tail_seq, num_tokens, max_pages, num_bt_rows,
+                           stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
+                           GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
+                           BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                           HAS_BT_ROWS: gl.constexpr, MIXED_ORDER: gl.constexpr):  # fmt: skip
+        BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
+        # Program -> (query block, KV head) as in the unified kernel's prefill launches: KV heads fastest in
+        # dispatch order, a sequence's blocks last one first, a one-token tail interleaved with the rest.
+        linear = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
+        block_id = linear // gl.num_programs(1)
+        kv_head = linear % gl.num_programs(1)
+        if MIXED_ORDER == 2:
+            tail, tail_first, used = _one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, gl.num_programs(0),
+                                                     BLOCK_Q)  # fmt: skip
+            block_id = _interleave_one_token_rows(block_id, tail_first, used)
+            seq = _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, tail_first, BLOCK_Q)
+        else:
+            seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
+        q_start = gl.load(cu_seqlens_q_ptr + seq)
+        q_end = gl.minimum(gl.load(cu_seqlens_q_ptr + seq + 1), num_tokens)
+        q_len = q_end - q_start
+        owned = q_end // BLOCK_Q - q_start // BLOCK_Q + 1
+        q_block = owned - 1 - (block_id - (q_start // BLOCK_Q + seq))
+        if (q_block < 0) | (q_block * BLOCK_Q >= q_len):
+            return
+        kv_len = gl.minimum(gl.load(seq_lens_ptr + seq), max_pages * PAGE_SIZE)
+        if HAS_BT_ROWS:
+            bt_row = gl.load(block_table_rows_ptr + seq).to(gl.int64)
+            row_ok = (bt_row >= 0) & (bt_row < num_bt_rows)
+            kv_len = gl.where(row_ok, kv_len, 0)
+            bt_row = gl.where(row_ok, bt_row, 0)
+        else:
+            bt_row = seq.to(gl.int64)
+        kv_end = kv_len
+        if IS_CAUSAL:
+            last_tok = gl.minimum((q_block + 1) * BLOCK_Q, q_len) - 1
+            kv_end = gl.minimum(gl.maximum(kv_len - q_len + last_tok + 1, 0), kv_len)
+        n_tiles = gl.cdiv(kv_end, BLOCK_N)
+
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
+        q_smem = gl.allocate_shared_memory(dtype, [2, ROWS, HEAD_DIM], q_layout)
+        k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
+        k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            # Both consumer warpgroups release each slot.
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
+        mbarrier.init(v_ready.index(STAGES), count=1)
+        fence_async_shared()
+
+        bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
+        gl.warp_specialize([
+            (_consumer, (0, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start,
+                         q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_consumer, (1, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start,
+                         q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
+                         kv_head * HEAD_DIM, n_tiles, PAGE_SIZE, BLOCK_N, COPY, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+
+
+def _descriptor(cache: torch.Tensor, rows: int) -> TensorDescriptor:
+    """The cache as a 2-D [slots, heads x D] tensor, copied in blocks of ``rows`` slots x one head's D."""
+    pages, page_size, heads, d = cache.shape
+    dtype = gl.bfloat16 if cache.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
+    return TensorDescriptor(cache, [pages * page_size, heads * d], [cache.stride(1), 1], [rows, d], layout)
+
+
+def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+           block_table_rows: torch.Tensor | None, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+           out: torch.Tensor, scale: float, causal: bool, num_seqs: int, tail_seq: int, mixed_order: int,
+           block_n: int, stages: int) -> None:  # fmt: skip
+    """One launch over validated arguments that fit (``shape_ok``, ``layout_ok``): writes ``out`` [T, Hq, D].
+    The grid depends on shapes only (CUDA-graph safe): ``T // (128 // GROUP) + B`` query blocks x KV heads."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, page_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    rows = copy_rows(page_size, block_n)
+    num_blocks = num_tokens // (TILE_ROWS // group) + num_seqs
+    _ws_prefill_kernel[(num_blocks, num_kv_heads)](
+        q, out, _descriptor(k_cache, rows), _descriptor(v_cache, rows), block_table,
+        block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
+        scale * LOG2E, num_seqs, tail_seq, num_tokens, block_table.shape[1], block_table.shape[0],
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows, STAGES=stages,
+        IS_CAUSAL=causal, HAS_BT_ROWS=block_table_rows is not None, MIXED_ORDER=mixed_order, num_warps=4,
+    )  # fmt: skip
