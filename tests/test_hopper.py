@@ -93,7 +93,7 @@ def test_plan_takes_it_only_where_it_fits():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU and a Triton whose Gluon API this kernel was verified on")
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
 @example(data=None)
 def test_matches_reference(data):
