@@ -257,7 +257,9 @@ if gluon is not None:
             o_off = (q_start + tok).to(gl.int64) * stride_o_t + head * stride_o_h
             gl.store(out_ptr + o_off[:, None] + cols[None, :], o, mask=valid)
 
-    @gluon.jit
+    # Per-batch values are never specialized (a value of 1 would turn them into constants, and a new batch size
+    # into a new compile).
+    @gluon.jit(do_not_specialize=("num_seqs", "tail_seq", "num_tokens", "max_pages", "num_bt_rows", "stride_bt_b"))
     def _ws_prefill_kernel(q_ptr, out_ptr, k_desc, v_desc, block_table_ptr, block_table_rows_ptr, cu_seqlens_q_ptr,
                            seq_lens_ptr, qk_scale, num_seqs, tail_seq, num_tokens, max_pages, num_bt_rows,
                            stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
