@@ -69,7 +69,8 @@ def test_interpreter_and_cpu_launches_never_take_it():
 
 
 def test_config_keys_are_validated():
-    assert configs.validate_config({"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2}) is None
+    assert configs.validate_config({"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2, "ws_mixed_order": 2}) is None
+    assert "ws_mixed_order" in configs.validate_config({"ws_mixed_order": 0})
     assert "ws_prefill" in configs.validate_config({"ws_prefill": 3})
     assert "ws_block_n" in configs.validate_config({"ws_block_n": 96})
     assert "ws_stages" in configs.validate_config({"ws_stages": 9})
@@ -83,7 +84,11 @@ def test_plan_takes_it_only_where_it_fits():
     dev = torch.cuda.current_device()
     with attention_config_override(ws_prefill=2):
         assert _plan(dev).ws == (128, 2, 1)
-        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2, 2)
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2, 1)
+    with attention_config_override(ws_prefill=2, ws_mixed_order=2, ws_block_n=64, ws_stages=3):
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (64, 3, 2)
+        assert _plan(dev, decode_tail=0, num_seqs=6).ws == (64, 3, 1)
+    with attention_config_override(ws_prefill=2):
         for bad in (dict(want_lse=True), dict(window_left=100), dict(softcap=30.0), dict(has_alibi=True),
                     dict(has_sinks=True), dict(has_k_scale=True), dict(max_seqlen_q=1), dict(batch_invariant=True),
                     dict(page_size=1), dict(dtype=torch.float32, cache_dtype=torch.float32)):  # fmt: skip
@@ -131,7 +136,8 @@ def test_matches_reference(data):
     poison_unowned_slots(p.k_cache, p.v_cache, p.block_table, p.seq_lens, p.block_table_rows)
     hint = tpa.decode_tail_of(q_lens)
     extra = {"block_table_rows": p.block_table_rows} if rows else {}
-    with attention_config_override(ws_prefill=2, ws_block_n=block_n, ws_stages=2):
+    order = 1 if data is None else data.draw(st.sampled_from((1, 2)))
+    with attention_config_override(ws_prefill=2, ws_block_n=block_n, ws_stages=2, ws_mixed_order=order):
         lp = _plan(torch.cuda.current_device(), num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
                    head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype, cache_dtype=dtype,
                    num_seqs=len(q_lens), max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), causal=causal,

@@ -91,11 +91,12 @@ GUARD_KEYS = ("page_guard",)
 LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead", "diag_loop")
 # Prefill launches on sm_90 (``kernels.hopper``): 1 the unified kernel, 2 the warp-specialized Gluon kernel where
 # the launch fits it (its KV tile width and pipeline stages: ``ws_block_n``, ``ws_stages``; its query tile is 128
-# rows); the entry's other keys still configure the unified kernel for the launches that fall back to it.
-WS_KEYS = ("ws_prefill", "ws_block_n", "ws_stages")
+# rows; its dispatch order for batches ending in one-token sequences, as ``mixed_order``: ``ws_mixed_order``); the
+# entry's other keys still configure the unified kernel for the launches that fall back to it.
+WS_KEYS = ("ws_prefill", "ws_block_n", "ws_stages", "ws_mixed_order")
 # Keys that choose between two forms (1 or 2).
 SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",
-               "ids_ahead", "diag_loop", "ws_prefill")  # fmt: skip
+               "ids_ahead", "diag_loop", "ws_prefill", "ws_mixed_order")  # fmt: skip
 CONFIG_KEYS = (TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
                + WS_KEYS)  # fmt: skip
 SHIPPED_DIR = Path(__file__).parent / "configs"

@@ -773,10 +773,13 @@ def select_attention_config(
     # D128 +3-8%, page 1 +9%, D64's 4-warp prefill entry +4.6% (NOTES v43): only the D64 prompts entry takes it.
     cfg.setdefault("diag_loop", 1)
     # Prefill on sm_90 through the warp-specialized kernel (``kernels.hopper``; 2), or the unified one (1): only
-    # where a table entry measured it.
+    # where a table entry measured it. H200, bf16: 128-key tiles in two stages beat 64-key tiles in three (D128 1x8k
+    # 1059 vs 1156 µs); D256 takes 64-key tiles (128 would not fit). Its mixed batches run in the batch's order:
+    # interleaving the decodes cost 580 -> 592 µs there (each program holds an SM alone; NOTES v45).
     cfg.setdefault("ws_prefill", 1)
     cfg.setdefault("ws_block_n", 128 if head_dim_pad <= 128 else 64)
     cfg.setdefault("ws_stages", 2)
+    cfg.setdefault("ws_mixed_order", 1)
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -1628,7 +1631,7 @@ def _cached_launch_plan(
             stages=cfg["ws_stages"], dtype=dtype, cache_dtype=cache_dtype,
             shared_limit=max_shared_memory(device_index),
         ):  # fmt: skip
-            mixed = 2 if cfg["mixed_order"] == 2 and decode_tail > 0 and num_seqs > 1 else 1
+            mixed = 2 if cfg["ws_mixed_order"] == 2 and decode_tail > 0 and num_seqs > 1 else 1
             ws = (cfg["ws_block_n"], cfg["ws_stages"], mixed)
     return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id,
                       ws)  # fmt: skip
