@@ -64,7 +64,7 @@ def available(device_index: int | None) -> bool:
         return False
     if configs.triton_version() not in VERIFIED_TRITON:
         return False
-    return torch.cuda.get_device_capability(device_index) == (9, 0)
+    return configs.device_identity(device_index)[1] == "9.0"
 
 
 def copy_rows(page_size: int, block_n: int) -> int:
