@@ -26,7 +26,8 @@ def _plan(device_index, interpret=False, **kw):
     args = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=16, dtype=torch.bfloat16,
                 cache_dtype=torch.bfloat16, num_seqs=4, max_seqlen_q=2048, max_seqlen_k=4096, causal=True,
                 window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False, has_v_scale=False,
-                has_rows=False, want_lse=False, device_index=device_index, interpret=interpret, decode_tail=0)  # fmt: skip
+                has_rows=False, want_lse=False, device_index=device_index, interpret=interpret,
+                decode_tail=0)  # fmt: skip
     args.update(kw)
     return attention_launch_plan(**args)
 
@@ -108,9 +109,8 @@ def test_matches_reference(data):
     request-pool block table (rows picked by index), padding rows: against the reference, with outputs
     NaN-poisoned and NaN in every cache slot no sequence owns (stale slots of the last page must not leak)."""
     if data is None:  # a fixed case: a mixed batch with pages of 16 and a ragged last page
-        q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n = (
-            [300, 77, 1, 1, 1], [0, 500, 900, 33, 17], 16, 128, 4, torch.bfloat16, True, False, 128)
-        seed = 0
+        q_lens, prefix = [300, 77, 1, 1, 1], [0, 500, 900, 33, 17]
+        page_size, head_dim, group, dtype, causal, rows, block_n, seed = 16, 128, 4, torch.bfloat16, True, False, 128, 0
     else:
         batch = data.draw(st.integers(1, 6))
         q_lens = data.draw(st.lists(st.integers(1, 700), min_size=batch, max_size=batch))

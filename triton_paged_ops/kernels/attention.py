@@ -630,7 +630,9 @@ def attention_config_override(**cfg: int) -> Iterator[None]:
     order, 2 their blocks alternating with the others'), and how taller tiles load page ids where pages of 16+ keys
     divide the tile (``page_ids``: 1 one per key, 2 one per page), and when taller tiles' unmasked gathers over pages
     of 16+ keys load a tile's page ids (``ids_ahead``: 1 in its own iteration, 2 a tile ahead), and where causal
-    taller tiles run their diagonal tiles (``diag_loop``: 1 a masked loop of their own, 2 the unmasked loop).
+    taller tiles run their diagonal tiles (``diag_loop``: 1 a masked loop of their own, 2 the unmasked loop), and
+    whether sm_90 prefill launches that fit it run the warp-specialized kernel (``ws_prefill``: 1 no, 2 yes; its
+    KV tile width ``ws_block_n``, pipeline stages ``ws_stages`` and mixed-batch order ``ws_mixed_order``).
 
     For tuning and for tests that must reach tile boundaries with small shapes; unset keys keep their default.
     """
