@@ -69,6 +69,25 @@ def test_interpreter_and_cpu_launches_never_take_it():
         assert _plan(None, interpret=True).ws is None
 
 
+def test_tune_grids_hold_its_forms_where_the_device_runs_it():
+    """Where the device runs the kernel, the prefill and prompts grids add its forms, and the unified kernel's
+    forms say ``ws_prefill`` 1 (a table entry that takes the other kernel must not turn them into it); elsewhere,
+    and for other regimes, the grids are the unified kernel's alone."""
+    from triton_paged_ops.tune import candidates
+
+    for regime in ("prefill", "prompts"):
+        for quick in (True, False):
+            plain = candidates(regime, False, quick)
+            both = candidates(regime, False, quick, warp_specialized=True)
+            ws = [c for c in both if c.get("ws_prefill") == 2]
+            assert [dict(c, ws_prefill=1) for c in plain] == both[: len(plain)]
+            assert len(both) == len(plain) + len(ws) and {"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2} in ws
+            assert all(configs.validate_config(c) is None for c in both)
+            assert not any("ws_prefill" in c for c in plain)
+    assert candidates("decode", False, True, warp_specialized=True) == candidates("decode", False, True)
+    assert candidates("prefill", True, True, warp_specialized=True) == candidates("prefill", True, True)
+
+
 def test_config_keys_are_validated():
     assert configs.validate_config({"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2, "ws_mixed_order": 2}) is None
     assert "ws_mixed_order" in configs.validate_config({"ws_mixed_order": 0})

@@ -23,6 +23,7 @@ import torch
 
 from triton_paged_ops import configs
 from triton_paged_ops.bench import Case, build_inputs, check_case
+from triton_paged_ops.kernels import hopper
 from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of
 
@@ -49,8 +50,23 @@ class Group:
         return f"{self.key()} D{self.head_dim} {self.regime}"
 
 
-def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None) -> list[dict]:
-    """Configs to try, in a fixed order (the tie-break order)."""
+def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dtype | None = None,
+               warp_specialized: bool = False) -> list[dict]:  # fmt: skip
+    """Configs to try, in a fixed order (the tie-break order). ``warp_specialized``: the device can run the
+    warp-specialized prefill kernel (``kernels.hopper``), whose forms then join the prefill and prompts grids
+    (and the unified kernel's forms say ``ws_prefill`` 1, so a table entry that takes the other kernel does not
+    turn them into it)."""
+    cands = _unified_candidates(regime, interpret, quick, cache_dtype)
+    if warp_specialized and not interpret and regime in ("prefill", "prompts"):
+        space = {"ws_block_n": (128,), "ws_stages": (2,)}
+        if not quick:
+            space = {"ws_block_n": (64, 128), "ws_stages": (2, 3)}
+        cands = [{**c, "ws_prefill": 1} for c in cands] + [{"ws_prefill": 2, **c} for c in _product(space)]
+    return cands
+
+
+def _unified_candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dtype | None) -> list[dict]:
+    """The unified kernel's configs to try for ``regime`` (see ``candidates``)."""
     if interpret:
         # The interpreter's cost is per tile step: only tile shapes matter there.
         return [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": 4, "num_stages": 1} for m, n in ((128, 128), (64, 64))]
@@ -269,7 +285,8 @@ def tune(
     for dtype, head_dim, regime in itertools.product(dtypes, head_dims, regimes):
         group = Group(dtype, head_dim, regime, cache_dtype)
         dim = configs.padded_head_dim(head_dim)
-        cands = [c for c in candidates(regime, interpret, quick, cache_dtype) if accumulator_fits(c, dim)]
+        ws = not interpret and hopper.available(torch.device(device).index or 0)
+        cands = [c for c in candidates(regime, interpret, quick, cache_dtype, ws) if accumulator_fits(c, dim)]
         cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
                            cache_dtype, num_sms_of(torch.device("cpu" if interpret else device)))  # fmt: skip
         fp = _fingerprint(cands, cases)
