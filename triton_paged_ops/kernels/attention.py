@@ -137,6 +137,35 @@ def _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, first, BLOCK
 
 
 @triton.jit
+def _query_block(cu_seqlens_q_ptr, seq, block_id, num_tokens, BLOCK_Q: tl.constexpr):
+    """(first token, new tokens, query block) of dispatch block ``block_id`` in sequence ``seq`` (which owns the
+    blocks from ``cu_seqlens_q[seq] // BLOCK_Q + seq`` on). A sequence's blocks run last one first: under a causal
+    mask it sees the most keys, and the longest programs should start early rather than trail at the end of the
+    launch. A negative block: the sequence holds fewer blocks than that (the program has nothing to do)."""
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_end = tl.minimum(tl.load(cu_seqlens_q_ptr + seq + 1), num_tokens)
+    owned = q_end // BLOCK_Q - q_start // BLOCK_Q + 1
+    return q_start, q_end - q_start, owned - 1 - (block_id - (q_start // BLOCK_Q + seq))
+
+
+@triton.jit
+def _sequence_keys(seq_lens_ptr, block_table_rows_ptr, seq, max_pages, num_bt_rows, PAGE_SIZE: tl.constexpr,
+                   HAS_BT_ROWS: tl.constexpr):  # fmt: skip
+    """Sequence ``seq``'s key count and block table row: never past the row's end whatever ``seq_lens`` says; with
+    ``HAS_BT_ROWS`` the row is picked by index (a request pool's table, used in place), and a row outside the table
+    (an illegal access otherwise) gives the sequence no keys."""
+    kv_len = tl.minimum(tl.load(seq_lens_ptr + seq), max_pages * PAGE_SIZE)
+    if HAS_BT_ROWS:
+        bt_row = tl.load(block_table_rows_ptr + seq).to(tl.int64)
+        row_ok = (bt_row >= 0) & (bt_row < num_bt_rows)
+        kv_len = tl.where(row_ok, kv_len, 0)
+        bt_row = tl.where(row_ok, bt_row, 0)
+    else:
+        bt_row = seq.to(tl.int64)
+    return kv_len, bt_row
+
+
+@triton.jit
 def _tanh(x):
     # Written with exp so the same source runs on every backend and in the interpreter; exp(-2|x|) underflows to 0
     # for large |x| (saturating to +-1) instead of overflowing.
@@ -1313,29 +1342,15 @@ def _paged_attention_kernel(
         seq = _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, tail_first, BLOCK_Q)
     else:
         seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
-    q_start = tl.load(cu_seqlens_q_ptr + seq)
-    q_end = tl.minimum(tl.load(cu_seqlens_q_ptr + seq + 1), num_tokens)
-    q_len = q_end - q_start
+    q_start, q_len, q_rank = _query_block(cu_seqlens_q_ptr, seq, block_id, num_tokens, BLOCK_Q)
     if not ONE_BLOCK_PER_SEQ:
-        # A sequence's blocks run last one first: under a causal mask it sees the most keys, and the longest
-        # programs should start early rather than trail at the end of the launch.
-        owned = q_end // BLOCK_Q - q_start // BLOCK_Q + 1
-        q_block = owned - 1 - (block_id - (q_start // BLOCK_Q + seq))
+        q_block = q_rank
         if q_block < 0:
             return
     if q_block * BLOCK_Q >= q_len:
         return
-    # Never read past the block table row, whatever seq_lens says.
-    kv_len = tl.minimum(tl.load(seq_lens_ptr + seq), max_pages * PAGE_SIZE)
-    if HAS_BT_ROWS:
-        # The sequence's pages are a row picked by index (a request pool's table, used in place).
-        bt_row = tl.load(block_table_rows_ptr + seq).to(tl.int64)
-        # A row outside the table would be an illegal access: the sequence then sees no keys.
-        row_ok = (bt_row >= 0) & (bt_row < num_bt_rows)
-        kv_len = tl.where(row_ok, kv_len, 0)
-        bt_row = tl.where(row_ok, bt_row, 0)
-    else:
-        bt_row = seq.to(tl.int64)
+    kv_len, bt_row = _sequence_keys(seq_lens_ptr, block_table_rows_ptr, seq, max_pages, num_bt_rows, PAGE_SIZE,
+                                    HAS_BT_ROWS)  # fmt: skip
     bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
     if ONE_BLOCK_PER_SEQ and DECODE_ORDER == 4 and SPLIT_KV:
         # A sequence's segments fill the last dispatch groups: a group holds the segments of the sequences that

@@ -29,6 +29,8 @@ from triton_paged_ops.kernels.attention import (
     _find_seq_with_tail,
     _interleave_one_token_rows,
     _one_token_tail,
+    _query_block,
+    _sequence_keys,
 )
 
 try:
@@ -279,21 +281,11 @@ if gluon is not None:
             seq = _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, tail_first, BLOCK_Q)
         else:
             seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
-        q_start = gl.load(cu_seqlens_q_ptr + seq)
-        q_end = gl.minimum(gl.load(cu_seqlens_q_ptr + seq + 1), num_tokens)
-        q_len = q_end - q_start
-        owned = q_end // BLOCK_Q - q_start // BLOCK_Q + 1
-        q_block = owned - 1 - (block_id - (q_start // BLOCK_Q + seq))
+        q_start, q_len, q_block = _query_block(cu_seqlens_q_ptr, seq, block_id, num_tokens, BLOCK_Q)
         if (q_block < 0) | (q_block * BLOCK_Q >= q_len):
             return
-        kv_len = gl.minimum(gl.load(seq_lens_ptr + seq), max_pages * PAGE_SIZE)
-        if HAS_BT_ROWS:
-            bt_row = gl.load(block_table_rows_ptr + seq).to(gl.int64)
-            row_ok = (bt_row >= 0) & (bt_row < num_bt_rows)
-            kv_len = gl.where(row_ok, kv_len, 0)
-            bt_row = gl.where(row_ok, bt_row, 0)
-        else:
-            bt_row = seq.to(gl.int64)
+        kv_len, bt_row = _sequence_keys(seq_lens_ptr, block_table_rows_ptr, seq, max_pages, num_bt_rows, PAGE_SIZE,
+                                        HAS_BT_ROWS)  # fmt: skip
         kv_end = kv_len
         if IS_CAUSAL:
             last_tok = gl.minimum((q_block + 1) * BLOCK_Q, q_len) - 1
