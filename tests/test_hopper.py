@@ -166,3 +166,42 @@ def test_matches_reference(data):
         tpa.paged_attention_out(*p.args, causal=causal, decode_tail=hint, out=out, **extra)
     ref = reference.paged_attention(*p.args[:6], p.scale, causal=causal, **extra)
     assert_close_to_reference(out, None, ref, None, dtype, sum(q_lens))
+
+
+def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
+    """The host side without a GPU: a launch prepared from metadata passes the kernel, by its own parameter names,
+    the shape-only grid, the caches as [slots, heads x D] descriptors copied a page at a time, and the scalars and
+    constexprs of that metadata (a stand-in kernel records the call)."""
+    params = hopper._ws_prefill_kernel.arg_names
+    calls = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    monkeypatch.setattr(hopper, "_ws_prefill_kernel", Recorder())
+    q = torch.zeros(100, 8, 128, dtype=torch.bfloat16)
+    combined = torch.zeros(20, 16, 2, 2, 128, dtype=torch.bfloat16)  # K and V of a slot side by side
+    k_cache, v_cache = combined[:, :, 0], combined[:, :, 1]
+    block_table = torch.zeros(3, 10, dtype=torch.int32)
+    out = torch.zeros(100, 8, 128, dtype=torch.bfloat16)
+    cu, seq_lens = torch.tensor([0, 60, 99, 100], dtype=torch.int32), torch.tensor([60, 99, 100], dtype=torch.int32)
+    p = hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
+                       tail_seq=2, mixed_order=2, block_n=128, stages=2)  # fmt: skip
+    p.run(q, k_cache, v_cache, block_table, None, cu, seq_lens, out)
+    ((grid, args, kw),) = calls
+    names = [n for n in params if n not in kw]
+    got = dict(zip(names, args, strict=True))
+    assert grid == (100 // 32 + 3, 2)
+    assert got["q_ptr"] is q and got["out_ptr"] is out and got["block_table_rows_ptr"] is block_table
+    for name, cache in (("k_desc", k_cache), ("v_desc", v_cache)):
+        desc = got[name]
+        assert desc.base is cache and list(desc.shape) == [320, 256] and list(desc.strides) == [512, 1]
+        assert list(desc.block_shape) == [16, 128]
+    assert got["qk_scale"] == pytest.approx(0.5 * hopper.LOG2E)
+    counts = ("num_seqs", "tail_seq", "num_tokens", "max_pages", "num_bt_rows")
+    assert [got[n] for n in counts] == [3, 2, 100, 10, 3]
+    strides = ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_bt_b")
+    assert [got[n] for n in strides] == [1024, 128, 1024, 128, 10]
+    assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, IS_CAUSAL=True,
+                      HAS_BT_ROWS=False, MIXED_ORDER=2, num_warps=4)  # fmt: skip

@@ -1831,10 +1831,10 @@ class PreparedLaunch:
     # Block copies (KV_DESC): the same call with gathers, for caches whose base address is not 16-byte aligned (and
     # for traced launches).
     gathers: PreparedLaunch | None = None
-    # The warp-specialized sm_90 kernel's launch arguments beyond the tensors (``kernels.hopper.launch``), where
-    # the plan takes it and the caches' layout admits its copies; traced launches and caches at an address its
-    # copies cannot take run the unified kernel.
-    ws: dict | None = None
+    # The warp-specialized sm_90 kernel's launch (``kernels.hopper.prepare``), where the plan takes it and the
+    # caches' layout admits its copies; traced launches and caches at an address its copies cannot take run the
+    # unified kernel.
+    ws: object | None = None
 
 
 def prepare_attention_launch(
@@ -1909,9 +1909,9 @@ def prepare_attention_launch(
 
         if hopper.layout_ok(k_cache, v_cache, check_address=False):
             block_n, stages, mixed = lp.ws
-            prepared.ws = dict(scale=float(scale), causal=causal, num_seqs=num_seqs,
-                               tail_seq=num_seqs - max(decode_tail, 0), mixed_order=mixed, block_n=block_n,
-                               stages=stages)  # fmt: skip
+            prepared.ws = hopper.prepare(q, k_cache, block_table, out, has_rows=present[4], num_seqs=num_seqs,
+                                         scale=float(scale), causal=causal, tail_seq=num_seqs - max(decode_tail, 0),
+                                         mixed_order=mixed, block_n=block_n, stages=stages)  # fmt: skip
     if lp.constexprs["KV_DESC"]:
         # A later call with the same metadata may bring caches at an address a descriptor cannot take.
         prepared.gathers = prepare_attention_launch(q, k_cache, v_cache, block_table, num_seqs, max_seqlen_q,
@@ -1938,9 +1938,7 @@ def run_attention_launch(
     ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
     if p.ws is not None and wrap is None and not (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
-        from triton_paged_ops.kernels import hopper
-
-        hopper.launch(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out, **p.ws)
+        p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out)
         return
     if p.gathers is not None:
         # Traced launches (``wrap``) cannot see the addresses their kernels will get: they gather.

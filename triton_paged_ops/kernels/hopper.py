@@ -20,6 +20,8 @@ consumer warpgroup idle.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 
@@ -114,6 +116,19 @@ def layout_ok(k_cache: torch.Tensor, v_cache: torch.Tensor, check_address: bool 
 if gluon is not None:
 
     @gluon.jit
+    def _copy_tile(desc, slot, bar, bt_row_ptr, n_pages, j, kv_col, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr,
+                   COPY: gl.constexpr):  # fmt: skip
+        """TMA copies of tile ``j``'s rows of one KV head (column ``kv_col``) into ``slot``, ``COPY`` rows each (a
+        page, or the whole tile where a page holds several), completing on ``bar``. Tiles past the last page
+        re-read it: those keys are masked, and the block table row holds no more entries than the sequence's
+        pages."""
+        for c in gl.static_range(BLOCK_N // COPY):
+            key = j * BLOCK_N + c * COPY
+            page = gl.load(bt_row_ptr + gl.minimum(key // PAGE_SIZE, n_pages - 1))
+            tma.async_copy_global_to_shared(desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col], bar,
+                                            slot.slice(c * COPY, COPY))  # fmt: skip
+
+    @gluon.jit
     def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
                   kv_col, n_tiles, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
                   STAGES: gl.constexpr):  # fmt: skip
@@ -130,23 +145,14 @@ if gluon is not None:
             phase = (j // STAGES) & 1
             mbarrier.wait(k_empty.index(s), phase ^ 1)
             mbarrier.expect(k_ready.index(s), tile_bytes)
-            for c in gl.static_range(BLOCK_N // COPY):
-                key = j * BLOCK_N + c * COPY
-                # (Tiles past the last page re-read it: those keys are masked, and the block table row holds no
-                # more entries than the sequence's pages.)
-                page = gl.load(bt_row_ptr + gl.minimum(key // PAGE_SIZE, n_pages - 1))
-                tma.async_copy_global_to_shared(k_desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col],
-                                                k_ready.index(s), k_smem.index(s).slice(c * COPY, COPY))  # fmt: skip
+            _copy_tile(k_desc, k_smem.index(s), k_ready.index(s), bt_row_ptr, n_pages, j, kv_col, PAGE_SIZE, BLOCK_N,
+                       COPY)  # fmt: skip
             mbarrier.wait(v_empty.index(s), phase ^ 1)
             tail = (j + 1) * BLOCK_N > kv_len
             # (v_ready's extra barrier, at index STAGES, takes the copies of a tile to be fixed up first.)
             bar = v_ready.index(gl.where(tail, STAGES, s))
             mbarrier.expect(bar, tile_bytes)
-            for c in gl.static_range(BLOCK_N // COPY):
-                key = j * BLOCK_N + c * COPY
-                page = gl.load(bt_row_ptr + gl.minimum(key // PAGE_SIZE, n_pages - 1))
-                tma.async_copy_global_to_shared(v_desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col], bar,
-                                                v_smem.index(s).slice(c * COPY, COPY))  # fmt: skip
+            _copy_tile(v_desc, v_smem.index(s), bar, bt_row_ptr, n_pages, j, kv_col, PAGE_SIZE, BLOCK_N, COPY)
             if tail:
                 # The last tile of a program that reaches the sequence's end (once per program: phase 0).
                 mbarrier.wait(v_ready.index(STAGES), 0)
@@ -323,30 +329,50 @@ if gluon is not None:
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
 
 
-def _descriptor(cache: torch.Tensor, rows: int) -> TensorDescriptor:
+def _descriptor(cache: torch.Tensor, rows: int, layout) -> TensorDescriptor:
     """The cache as a 2-D [slots, heads x D] tensor, copied in blocks of ``rows`` slots x one head's D."""
     pages, page_size, heads, d = cache.shape
-    dtype = gl.bfloat16 if cache.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for([rows, d], dtype)
     return TensorDescriptor(cache, [pages * page_size, heads * d], [cache.stride(1), 1], [rows, d], layout)
 
 
-def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-           block_table_rows: torch.Tensor | None, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-           out: torch.Tensor, scale: float, causal: bool, num_seqs: int, tail_seq: int, mixed_order: int,
-           block_n: int, stages: int) -> None:  # fmt: skip
-    """One launch over validated arguments that fit (``shape_ok``, ``layout_ok``): writes ``out`` [T, Hq, D].
-    The grid depends on shapes only (CUDA-graph safe): ``T // (128 // GROUP) + B`` query blocks x KV heads."""
+@dataclasses.dataclass
+class PreparedLaunch:
+    """What a launch's metadata fixes (grid, scalars, constexprs, the copies' shared layout), computed once per
+    metadata; a call builds the two descriptors (the caches' addresses) and launches."""
+
+    grid: tuple[int, int]
+    rows: int  # KV rows per TMA copy
+    layout: object  # the copies' NVMMA shared layout
+    scalars: tuple  # the kernel's arguments after the tensors, in order
+    constexprs: dict
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+            block_table_rows: torch.Tensor | None, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+            out: torch.Tensor) -> None:  # fmt: skip
+        """Launch on tensors with the metadata prepared from (caches at 16-byte aligned addresses): writes
+        ``out`` [T, Hq, D]."""
+        _ws_prefill_kernel[self.grid](
+            q, out, _descriptor(k_cache, self.rows, self.layout), _descriptor(v_cache, self.rows, self.layout),
+            block_table, block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
+            *self.scalars, **self.constexprs,
+        )  # fmt: skip
+
+
+def prepare(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, *, has_rows: bool,
+            num_seqs: int, scale: float, causal: bool, tail_seq: int, mixed_order: int, block_n: int,
+            stages: int) -> PreparedLaunch:  # fmt: skip
+    """The launch of validated arguments that fit (``shape_ok``, ``layout_ok``), from their metadata. The grid
+    depends on shapes only (CUDA-graph safe): ``T // (128 // GROUP) + B`` query blocks x KV heads."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
     rows = copy_rows(page_size, block_n)
-    num_blocks = num_tokens // (TILE_ROWS // group) + num_seqs
-    _ws_prefill_kernel[(num_blocks, num_kv_heads)](
-        q, out, _descriptor(k_cache, rows), _descriptor(v_cache, rows), block_table,
-        block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
-        scale * LOG2E, num_seqs, tail_seq, num_tokens, block_table.shape[1], block_table.shape[0],
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows, STAGES=stages,
-        IS_CAUSAL=causal, HAS_BT_ROWS=block_table_rows is not None, MIXED_ORDER=mixed_order, num_warps=4,
-    )  # fmt: skip
+    dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
+    scalars = (scale * LOG2E, num_seqs, tail_seq, num_tokens, block_table.shape[1], block_table.shape[0],
+               q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
+    constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows,
+                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, MIXED_ORDER=mixed_order,
+                      num_warps=4)  # fmt: skip
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
+    grid = (num_tokens // (TILE_ROWS // group) + num_seqs, num_kv_heads)
+    return PreparedLaunch(grid, rows, layout, scalars, constexprs)
