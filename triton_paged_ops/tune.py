@@ -282,10 +282,10 @@ def tune(
     tv = configs.triton_version()
     done = {} if fresh else _done_groups(out)
     plan = []
+    ws = not interpret and hopper.available(torch.device(device).index or 0)
     for dtype, head_dim, regime in itertools.product(dtypes, head_dims, regimes):
         group = Group(dtype, head_dim, regime, cache_dtype)
         dim = configs.padded_head_dim(head_dim)
-        ws = not interpret and hopper.available(torch.device(device).index or 0)
         cands = [c for c in candidates(regime, interpret, quick, cache_dtype, ws) if accumulator_fits(c, dim)]
         cases = shape_grid(regime, head_dim, num_q_heads, num_kv_heads, page_size, dtype, interpret, quick,
                            cache_dtype, num_sms_of(torch.device("cpu" if interpret else device)))  # fmt: skip
