@@ -456,9 +456,13 @@ def _attend_tiles(
     """``_attend_range``; with ``LEAVES`` > 1 the softmax state (acc, m_i, l_i) is that of leaf ``cur_leaf`` (keys
     [cur_leaf * leaf_len, ...)), and a tile of a later leaf first folds it into (out_f, m_f, t_f) (``_close_leaf``)
     and starts afresh: leaves inside one pipelined loop."""
-    # One query token (decode) sees every key below kv_len (a causal mask ends at its own position): the per-key
-    # guard is all the masking it needs, so its keys are one unmasked range, one pipelined loop (lean code).
+    # A tile of one query position (a decode step, or one token of a longer query when a GQA group fills the tile)
+    # without a window sees exactly the keys [lo, hi): hi already ends at that position's causal limit (and at the
+    # segment's end). So the key guard is hi, not kv_len, and it is all the masking those rows need: one unmasked
+    # range, one pipelined loop (lean code). (Guarding with kv_len let a prefill token see its successors.)
     one_token = BLOCK_Q == 1 and not HAS_WINDOW
+    if one_token:
+        kv_len = hi
     # Page ids once per page for taller tiles (``page_ids`` 2; one-token rows keep one load per key).
     per_page: tl.constexpr = PAGE_IDS == 2 and BLOCK_Q > 1
     # (One-token rows keep the gathers: their last tile reaches past kv_len unmasked, which a block copy would read.)
