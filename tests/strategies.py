@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 from triton_paged_ops.inputs import random_paged_batch
 
-PAGE_SIZES = (1, 2, 3, 7, 16, 32, 64)
+PAGE_SIZES = (1, 2, 3, 7, 16, 32, 64, 128)
+# Query heads per KV head as models have them: MHA (1), GQA (Qwen2.5-7B 7, Llama-3 8 and 16 at 405B), MQA (48/1),
+# and groups that fill a whole tile (64-128), powers of two or not.
+GROUPS = (1, 2, 3, 4, 7, 8, 16, 48, 64, 96, 128)
 HEAD_DIMS = ((64, 64), (80, 80), (96, 96), (128, 128), (96, 64), (192, 128), (256, 256))
 
 
@@ -78,7 +81,8 @@ def _lengths(draw, small: bool, max_seqs: int, max_q: int, max_ctx: int) -> tupl
             ctx = draw(st.integers(0, min(max_ctx, 160)))
         else:
             # Mostly decode-like or short rows, sometimes long prefill rows and long contexts.
-            q = draw(st.one_of(st.integers(0, 2), st.integers(1, 48), st.integers(1, max_q)))
+            # (1-16: speculative verification of draft tokens.)
+            q = draw(st.one_of(st.integers(0, 2), st.integers(1, 16), st.integers(1, 48), st.integers(1, max_q)))
             ctx = draw(st.one_of(st.integers(0, 8), st.integers(0, 300), st.integers(0, max_ctx)))
         q_lens.append(q)
         kv_lens.append(q + ctx)
@@ -112,18 +116,21 @@ def specs(
     max_ctx: int = 2048,
     head_dims: tuple[tuple[int, int], ...] = HEAD_DIMS,
     max_work: int | None = None,
+    forced_tiles: bool = True,
 ) -> Spec:
+    """A paged-attention problem; ``forced_tiles``: small problems may force small tiles (off where the planner's
+    own tiles are under test)."""
     small = draw(st.booleans())
     q_lens, kv_lens = _lengths(draw, small, max_seqs, max_q, max_ctx)
-    num_kv_heads = draw(st.sampled_from((1, 2, 4)))
-    group = draw(st.sampled_from((1, 2, 3, 4, 8)))  # MHA, GQA (incl. a non-power of two), MQA when Hkv = 1
+    group = draw(st.sampled_from(GROUPS))
+    num_kv_heads = draw(st.sampled_from((1, 2, 4) if group <= 8 else (1, 2)))
     if max_work is not None:
         _fit_work(q_lens, kv_lens, num_kv_heads, group, max_work)
     head_dim, head_dim_v = draw(st.sampled_from(head_dims))
     # Small tiles reach many tile and block boundaries with few tokens; only used on small problems.
     tiles = None
-    if small and draw(st.booleans()):
-        block_m = draw(st.sampled_from([m for m in (16, 32, 64) if m >= group]))
+    if forced_tiles and small and draw(st.booleans()):
+        block_m = draw(st.sampled_from([m for m in (16, 32, 64, 128) if m >= group]))
         tiles = (block_m, draw(st.sampled_from((16, 32))))
     return Spec(
         q_lens=q_lens,

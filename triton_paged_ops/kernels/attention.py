@@ -60,6 +60,18 @@ from triton_paged_ops.prepared import PreparedLaunches
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)  # 1/ln 2: softmax runs in base 2 (exp2 is native)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)  # turns the base-2 log-sum-exp back into natural log
 RESCALE_SLACK: tl.constexpr = tl.constexpr(8.0)  # base-2 headroom of the lazy running max (p <= 256)
+# Fixed when the kernels are defined, as @triton.jit reads TRITON_INTERPRET then.
+INTERPRETED: tl.constexpr = tl.constexpr(bool(triton.knobs.runtime.interpret))
+
+
+@triton.jit
+def _mma(a, b, acc, DOT_PRECISION: tl.constexpr):
+    """``a @ b (+ acc)`` in fp32. Triton's interpreter multiplies bf16 operands as if they were other numbers (it
+    returns garbage), so there they are widened to fp32 first: exact (a product of two bf16 values fits fp32's
+    mantissa), and the sum in fp32 is what the tensor cores do with them."""
+    if INTERPRETED and a.dtype == tl.bfloat16:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -302,7 +314,7 @@ def _tile_scores(
                 mask=key_valid[None, :] & (offs_d[:, None] < HEAD_DIM),
                 other=0.0,
             )
-    s = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+    s = _mma(q, k.to(q.dtype), None, DOT_PRECISION)
     # Where the tile's V rows are: the descriptor's first row, or each key's offset.
     v_loc = desc_row if KV_DESC else v_row
     return s, key_valid, v_loc
@@ -363,7 +375,7 @@ def _tile_update(
         # sum: the max picks one exactly). P's fp32 values then die at the rounding instead of staying live for
         # 64 adds per row beside P and the accumulator (sm_90: the every-tile form's spills, NOTES v34).
         p = p.to(q.dtype)
-        row_sums = tl.dot(p, tl.full([BLOCK_N, 16], 1.0, q.dtype), input_precision=DOT_PRECISION)
+        row_sums = _mma(p, tl.full([BLOCK_N, 16], 1.0, q.dtype), None, DOT_PRECISION)
         l_i = l_i * alpha + tl.max(row_sums, 1)
     else:
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -390,7 +402,7 @@ def _tile_update(
             mask=key_valid[:, None] & (offs_dv[None, :] < HEAD_DIM_V),
             other=0.0,
         )
-    acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc, input_precision=DOT_PRECISION)
+    acc = _mma(p.to(q.dtype), v.to(q.dtype), acc, DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -1064,7 +1076,7 @@ def _attend_segment_chunks(
                                 stride_v_slot, stride_v_head, NARROW_OFFSETS)  # fmt: skip
         k = tl.load(k_cache_ptr + k_row[:, None, :] + offs_d[None, :, None],
                     mask=key_valid[:, None, :] & (offs_d[None, :, None] < HEAD_DIM), other=0.0)  # fmt: skip
-        s = tl.dot(q3, k.to(q.dtype), input_precision=DOT_PRECISION)  # [CHUNKS, rows, keys]
+        s = _mma(q3, k.to(q.dtype), None, DOT_PRECISION)  # [CHUNKS, rows, keys]
         s = tl.where(key_valid[:, None, :], s, float("-inf"))
         # The scale sits in the exponent's fma (qk_scale > 0, base 2), as in _tile_update.
         m_new = tl.maximum(m_i, tl.max(s, 2) * qk_scale)
@@ -1074,7 +1086,7 @@ def _attend_segment_chunks(
         l_i = l_i * alpha + tl.sum(p, 2)
         v = tl.load(v_cache_ptr + v_row[:, :, None] + offs_dv[None, None, :],
                     mask=key_valid[:, :, None] & (offs_dv[None, None, :] < HEAD_DIM_V), other=0.0)  # fmt: skip
-        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, :, None], input_precision=DOT_PRECISION)
+        acc = _mma(p.to(q.dtype), v.to(q.dtype), acc * alpha[:, :, None], DOT_PRECISION)
         m_i = m_new
     # The runs' states merged (an exact identity: each run's sums rescaled to the common max).
     m_all = tl.max(m_i, 0)
