@@ -37,3 +37,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    test_variants = sys.modules.get("tests.test_variants")
+    if test_variants is not None and test_variants.COVERAGE:
+        terminalreporter.section("launch variants run against the reference (covered/reachable)")
+        for name, (covered, reachable) in sorted(test_variants.COVERAGE.items()):
+            terminalreporter.write_line(f"{name}: {covered}/{reachable}")
+        total = [sum(v) for v in zip(*test_variants.COVERAGE.values())]
+        terminalreporter.write_line(f"all: {total[0]}/{total[1]}")
