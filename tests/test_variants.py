@@ -165,14 +165,17 @@ MODELS = {
 
 def _variant_batch(model: dict, lp, batch: int, q_bound: int, k_bound: int, hint: int, seed: int) -> _Batch:
     """A batch that the planner gives the variant of (``batch``, ``q_bound``, ``k_bound``, ``hint``) as
-    ``warmup.reachable_variants`` found it: one sequence of up to two query blocks on keys that reach past two
-    split segments (where the launch splits), and ``batch - 1`` short ones, one token each (two in a batch said to
-    hold no one-token sequence). The bounds, not these lengths, choose the variant; the lengths stay small enough
-    for the interpreter."""
+    ``warmup.reachable_variants`` found it: one sequence of up to two query blocks (the second of one token) on
+    keys that reach into a second split segment where segments are decode-sized (prefill launches' segments of
+    1-4k keys would cost the interpreter minutes: there the first segment alone holds keys), and ``batch - 1``
+    short ones, one token each (two in a batch said to hold no one-token sequence). The bounds, not these lengths,
+    choose the variant. (A split launch's reduce runs a program per query token and head, ~10 ms each in the
+    interpreter: its first sequence has two tokens.)"""
     gen = torch.Generator().manual_seed(seed)
-    q_first = min(q_bound, lp.block_q + 3)
-    reach = 2 * lp.split.segment_len + 5 if lp.split.num_splits > 1 else 200
-    kv_first = min(k_bound, q_first + reach)
+    q_first = min(q_bound, 2 if lp.split.num_splits > 1 else lp.block_q + 1)
+    segment = lp.split.segment_len
+    context = segment + 37 if lp.split.num_splits > 1 and segment <= 512 else 60
+    kv_first = min(k_bound, q_first + context)
     rest = 1 if hint else min(2, q_bound)
     q_lens = [q_first] + [rest] * (batch - 1)
     kv_lens = [kv_first] + [rest + int(torch.randint(0, 40, (1,), generator=gen)) for _ in range(batch - 1)]
