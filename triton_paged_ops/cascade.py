@@ -90,6 +90,9 @@ def prefix_level(q, k_cache, v_cache, prefix_pages, prefix_len, scale, *, softca
                  v_scale=None, chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Level 1 of ``cascade_attention``: every query token over the shared prefix; (out, lse). ``chunk``: query
     tokens per "sequence" over the prefix (default: all of them; never more than ``prefix_len``)."""
+    if not isinstance(prefix_pages, torch.Tensor) or prefix_pages.dtype != torch.int32:
+        what = prefix_pages.dtype if isinstance(prefix_pages, torch.Tensor) else type(prefix_pages).__name__
+        raise TypeError(f"prefix_pages must be an int32 tensor of page ids, got {what}")
     if prefix_pages.dim() != 1 or prefix_pages.shape[0] * k_cache.shape[1] < prefix_len:
         raise ValueError(
             f"prefix_pages must be [P] with P * page_size >= prefix_len={prefix_len}, got {tuple(prefix_pages.shape)}"

@@ -172,6 +172,17 @@ def check_attention_args(
     _check_scale_tensor("v_scale", v_scale, dev)
 
 
+def check_no_grad(op: str, **tensors: torch.Tensor | None) -> None:
+    """The ops are for inference (no backward is registered): under grad mode a tensor that requires grad would get
+    an output that silently never passes a gradient back, so it is refused, named."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise RuntimeError(
+                f"tpa.{op} has no backward, but {name} requires grad: call it under torch.no_grad() or "
+                f"torch.inference_mode(), or pass {name}.detach()"
+            )
+
+
 def check_attention_outputs(q: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None):
     """Checks of the caller-provided ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32) buffers."""
     q_shape = q.shape

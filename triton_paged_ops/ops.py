@@ -151,6 +151,8 @@ def direct_attention(op: str, args: tuple, out: torch.Tensor | None, lse: torch.
     ``MISS`` when only ``torch.ops`` may run this call. ``args``: the 19 schema arguments. The dispatcher costs
     ~6 µs of an eager decode call; it bumps no version counter for these ops, so skipping it changes nothing else
     where ``_plain_eager`` and ``_plain_tensors`` (or the matched launch's ``direct``) hold."""
+    if not isinstance(args[0], torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(args[0]).__name__}")
     if not _plain_eager(args):
         return MISS
     done = _repeat(op, *args, out, lse, True)
@@ -268,6 +270,9 @@ def _attention(
     skips the checks and the launch planning and launches what that call prepared (``_repeat``): the eager host
     path of a serving loop's repeated shapes is then the dispatch, that lookup and the launch itself."""
     out_arg, lse_arg = out, lse  # (the other ops allocate theirs below: the key holds what the caller passed)
+    if torch.is_grad_enabled():
+        checks.check_no_grad(op, q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes, sinks=sinks,
+                             k_scale=k_scale, v_scale=v_scale)  # fmt: skip
     if not fake:
         done = _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
                        scale, causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
@@ -336,6 +341,8 @@ def _reshape_and_cache_op(
     v_scale: torch.Tensor | None = None,
 ) -> None:
     checks.check_cache_args(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
+    if torch.is_grad_enabled():
+        checks.check_no_grad("reshape_and_cache", key=key, value=value)
     if checks.debug_mode():
         checks.debug_check_cache(k_cache, slot_mapping)
     if _use_kernels(key):
@@ -355,6 +362,8 @@ def _merge_attn_states_op(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_merge_args(out_a, lse_a, out_b, lse_b)
+    if torch.is_grad_enabled():
+        checks.check_no_grad("merge_attn_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     if not _use_kernels(out_a):
         return reference.merge_attn_states(out_a, lse_a, out_b, lse_b)
     out = torch.empty_like(out_a, memory_format=torch.contiguous_format)

@@ -13,10 +13,15 @@ import torch
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, kv_len: int) -> torch.Tensor:
-    """The first ``kv_len`` tokens of one sequence from a paged cache: ``[kv_len, H, D]`` in the cache's dtype."""
+    """The first ``kv_len`` tokens of one sequence from a paged cache: ``[kv_len, H, D]`` in the cache's dtype.
+
+    A page id outside ``[0, num_pages)`` reads page 0, as the kernels' default ``page_guard`` does (a corrupt
+    table gives wrong keys, never an error or a read elsewhere; debug mode reports such ids). A ``kv_len`` past the
+    table's width is the caller's error (the ops check it)."""
     page_size = cache.shape[1]
     tokens = torch.arange(kv_len, device=cache.device)
     pages = block_table_row[tokens // page_size].long()
+    pages = torch.where((pages >= 0) & (pages < cache.shape[0]), pages, 0)
     return cache[pages, tokens % page_size]
 
 
@@ -111,14 +116,16 @@ def reshape_and_cache(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write token i's K/V to cache slot ``slot_mapping[i]`` (``page * page_size + offset``); negative slots skip.
+    """Write token i's K/V to cache slot ``slot_mapping[i]`` (``page * page_size + offset``); slots outside the
+    cache (negative: padding) are skipped, as the kernel drops them.
 
     Values are divided by the optional scales before the cast to the cache dtype (so that ``cache * scale``
     recovers them); for fp8 caches they saturate at the format's largest finite value instead of becoming NaN.
     """
     page_size = k_cache.shape[1]
+    num_slots = k_cache.shape[0] * page_size
     for i, slot in enumerate(slot_mapping.tolist()):
-        if slot < 0:
+        if not 0 <= slot < num_slots:
             continue
         k = key[i].float() if k_scale is None else key[i].float() / k_scale.float()
         v = value[i].float() if v_scale is None else value[i].float() / v_scale.float()
@@ -138,10 +145,15 @@ def merge_attn_states(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attention over two disjoint key sets from each part's output and natural-log LSE."""
-    lse = torch.logaddexp(lse_a.float(), lse_b.float())
+    lse_a, lse_b = lse_a.double(), lse_b.double()
+    # Weights relative to the larger lse: exp(lse - merged) would subtract two large, rounded numbers (at |lse| of
+    # 1e5 the weights lost 2e-3), while the larger part's weight is exactly 1 this way.
+    top = torch.maximum(lse_a, lse_b)
     # Where both parts are empty (lse = -inf) the weights would be NaN; the merged output is 0 there.
-    safe = torch.where(lse == -math.inf, 0.0, lse)
-    w_a = torch.exp(lse_a.float() - safe)[..., None]
-    w_b = torch.exp(lse_b.float() - safe)[..., None]
-    out = w_a * out_a.float() + w_b * out_b.float()
-    return out.to(out_a.dtype), lse
+    top = torch.where(top == -math.inf, 0.0, top)
+    w_a, w_b = torch.exp(lse_a - top), torch.exp(lse_b - top)
+    total = w_a + w_b
+    safe_total = torch.where(total > 0, total, 1.0)
+    out = (w_a[..., None] * out_a.double() + w_b[..., None] * out_b.double()) / safe_total[..., None]
+    lse = torch.where(total > 0, top + torch.log(safe_total), -math.inf)
+    return out.to(out_a.dtype), lse.float()

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from triton_paged_ops.kernels.launch import interpreter_turn
+
 
 @triton.jit
 def _store_rows(
@@ -128,18 +130,19 @@ def _launch_reshape_and_cache(
         return
     num_pages, page_size = k_cache.shape[:2]
     head_dim_v = value.shape[-1]
-    _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, k_cache, v_cache, slot_mapping,
-        k_scale if k_scale is not None else key,
-        v_scale if v_scale is not None else key,
-        num_heads, num_pages * page_size,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        PAGE_SIZE=page_size, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_DV=triton.next_power_of_2(head_dim_v),
-        HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
-        K_SATURATE=_saturation(k_cache.dtype), V_SATURATE=_saturation(v_cache.dtype),
-        num_warps=4,
-    )  # fmt: skip
+    with interpreter_turn():
+        _reshape_and_cache_kernel[(num_tokens,)](
+            key, value, k_cache, v_cache, slot_mapping,
+            k_scale if k_scale is not None else key,
+            v_scale if v_scale is not None else key,
+            num_heads, num_pages * page_size,
+            key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            PAGE_SIZE=page_size, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v,
+            BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+            BLOCK_DV=triton.next_power_of_2(head_dim_v),
+            HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
+            K_SATURATE=_saturation(k_cache.dtype), V_SATURATE=_saturation(v_cache.dtype),
+            num_warps=4,
+        )  # fmt: skip

@@ -18,7 +18,9 @@ and the caller takes the path above.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 
 import torch
 import triton
@@ -27,6 +29,15 @@ from triton.runtime import driver
 from triton_paged_ops import checks
 
 _INT32 = 1 << 31
+# Triton's interpreter runs a kernel through process-wide state (the grid, the patched language): launches from two
+# threads at once corrupt each other (an InterpreterError, or wrong outputs), so interpreted launches take turns.
+_INTERPRETER_TURN = threading.RLock()
+_INTERPRETING = bool(triton.knobs.runtime.interpret)
+
+
+def interpreter_turn() -> contextlib.AbstractContextManager:
+    """Hold around a kernel launch: one interpreted launch at a time in this process (nothing on GPUs)."""
+    return _INTERPRETER_TURN if _INTERPRETING else contextlib.nullcontext()
 _enabled = True
 _data_ptr = torch.Tensor.data_ptr
 
@@ -145,9 +156,14 @@ class Launcher:
         ``torch.library.wrap_triton``) takes Triton's own path through the wrapped kernel.
         """
         if wrap is not None:
-            wrap(self.kernel)[grid](*args, **constexprs, **options)
+            with interpreter_turn():
+                wrap(self.kernel)[grid](*args, **constexprs, **options)
             return None
-        if self.interpreted or not _enabled:
+        if self.interpreted:
+            with _INTERPRETER_TURN:
+                self.kernel[grid](*args, **constexprs, **options)
+            return None
+        if not _enabled:
             self.kernel[grid](*args, **constexprs, **options)
             return None
         tensors = args[self.tensors]

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_paged_ops.kernels.launch import Launcher
+from triton_paged_ops.kernels.launch import Launcher, interpreter_turn
 
 try:  # Grid dependency control (programmatic dependent launch, sm_90+ CUDA): absent from some Triton builds.
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -127,14 +127,15 @@ def _launch_merge_attn_states(
     num_tokens, num_heads, head_dim = out_a.shape
     if num_tokens == 0:
         return
-    _merge_attn_states_kernel[(num_tokens, num_heads)](
-        out_a, lse_a, out_b, lse_b, out, lse,
-        out_a.stride(0), out_a.stride(1), lse_a.stride(0), lse_a.stride(1),
-        out_b.stride(0), out_b.stride(1), lse_b.stride(0), lse_b.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=1,
-    )  # fmt: skip
+    with interpreter_turn():
+        _merge_attn_states_kernel[(num_tokens, num_heads)](
+            out_a, lse_a, out_b, lse_b, out, lse,
+            out_a.stride(0), out_a.stride(1), lse_a.stride(0), lse_a.stride(1),
+            out_b.stride(0), out_b.stride(1), lse_b.stride(0), lse_b.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+            num_warps=1,
+        )  # fmt: skip
 
 
 @triton.jit
