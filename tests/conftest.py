@@ -4,7 +4,9 @@
 imported, so it is set here, at collection time.
 """
 
+import json
 import os
+import tempfile
 
 import torch
 
@@ -39,13 +41,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def pytest_terminal_summary(terminalreporter):
-    import sys
+def pytest_configure(config):
+    # Where the variant coverage check records what it ran (one JSON line per check; pytest-xdist workers inherit
+    # the variable and append to the same file), for the summary below.
+    if "TPA_VARIANT_COVERAGE" not in os.environ:
+        fd, path = tempfile.mkstemp(prefix="tpa-variant-coverage-", suffix=".jsonl")
+        os.close(fd)
+        os.environ["TPA_VARIANT_COVERAGE"] = path
+        config.add_cleanup(lambda: os.path.exists(path) and os.remove(path))
 
-    test_variants = sys.modules.get("tests.test_variants")
-    if test_variants is not None and test_variants.COVERAGE:
+
+def pytest_terminal_summary(terminalreporter):
+    path = os.environ.get("TPA_VARIANT_COVERAGE")
+    if not path or not os.path.exists(path) or hasattr(terminalreporter.config, "workerinput"):
+        return
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    if rows:
         terminalreporter.section("launch variants run against the reference (covered/reachable)")
-        for name, (covered, reachable) in sorted(test_variants.COVERAGE.items()):
+        for name, covered, reachable in sorted(rows):
             terminalreporter.write_line(f"{name}: {covered}/{reachable}")
-        total = [sum(v) for v in zip(*test_variants.COVERAGE.values())]
-        terminalreporter.write_line(f"all: {total[0]}/{total[1]}")
+        terminalreporter.write_line(f"all: {sum(r[1] for r in rows)}/{sum(r[2] for r in rows)}")

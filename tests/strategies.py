@@ -214,3 +214,24 @@ def build(spec: Spec, device: str | torch.device) -> Problem:
         max_seqlen_k=pb.max_seqlen_k,
         kwargs=kwargs,
     )
+
+
+def guarded(shape: tuple[int, ...], dtype: torch.dtype, device, fill: float = float("nan"), band: int = 2):
+    """A tensor of ``shape`` filled with ``fill``, inside a buffer with ``band`` random slabs (along dim 0) before and
+    after it: a write that strays past either end lands in a guard. Returns the tensor and a function that asserts
+    both guards still hold their bits."""
+    buf = torch.empty((shape[0] + 2 * band, *shape[1:]), dtype=dtype, device=device)
+    bits = buf.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize])
+    bits.copy_(torch.randint(0, 100, bits.shape, device=device, dtype=bits.dtype))
+    inner = buf[band : band + shape[0]]
+    if dtype.itemsize == 1:
+        inner.view(torch.uint8).fill_(0x7F)  # (NaN in e4m3fn: fp8 tensors have no fill)
+    else:
+        inner.fill_(fill)
+    before, after = bits[:band].clone(), bits[band + shape[0] :].clone()
+
+    def check() -> None:
+        assert torch.equal(bits[:band], before), "a write landed before the tensor"
+        assert torch.equal(bits[band + shape[0] :], after), "a write landed past the tensor"
+
+    return inner, check

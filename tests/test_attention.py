@@ -21,7 +21,7 @@ from triton_paged_ops.kernels.attention import attention_config_override, attent
 from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
-from .strategies import Spec, build, poison_unowned_slots, specs
+from .strategies import Spec, build, guarded, poison_unowned_slots, specs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (bf16 too under the interpreter: the kernels widen its products to fp32 there, see ``attention._mma``.)
@@ -66,11 +66,15 @@ def assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, rows):
 
 
 def run_out_variant(p, **extra):
+    """``paged_attention_out`` into NaN-poisoned buffers with guard bands around them (checked: nothing written
+    outside ``out`` and ``lse``)."""
     t, hq = p.q.shape[:2]
-    out = torch.full((t, hq, p.spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
-    lse = torch.full((t, hq), float("nan"), device=p.q.device)
+    out, out_guards = guarded((t, hq, p.spec.head_dim_v), p.q.dtype, p.q.device)
+    lse, lse_guards = guarded((t, hq), torch.float32, p.q.device)
     with _tiles(p.spec):
         tpa.paged_attention_out(*p.args, **p.kwargs, **extra, out=out, lse=lse)
+    out_guards()
+    lse_guards()
     return out, lse
 
 
@@ -92,6 +96,24 @@ def run_out_variant(p, **extra):
               head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=20.0,
               use_alibi=True, use_sinks=True, use_kv_scale=True, scale=0.2, strided=False, spare_pages=1,
               extra_cols=1, tiles=(32, 16), seed=7)
+)  # fmt: skip
+@example(  # forced split segments under decode rows and a short query, each past several segments
+    spec=Spec(q_lens=[1, 3, 1], kv_lens=[300, 260, 70], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
+              head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
+              use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
+              extra_cols=0, tiles=(16, 32), seed=12, num_splits=5)
+)  # fmt: skip
+@example(  # request-pool rows (block_table_rows picks each sequence's row of a larger table), MQA group 48
+    spec=Spec(q_lens=[2, 1, 5], kv_lens=[40, 90, 5], pad_tokens=0, page_size=3, num_kv_heads=1, group=48,
+              head_dim=64, head_dim_v=64, dtype=torch.float32, causal=True, window_left=-1, softcap=0.0,
+              use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.125, strided=False, spare_pages=2,
+              extra_cols=1, tiles=None, seed=13, rows_dtype=torch.int64)
+)  # fmt: skip
+@example(  # decode rows whose window is shorter than their context (a window's first tile past key 0), group 128
+    spec=Spec(q_lens=[1, 1, 2], kv_lens=[200, 37, 150], pad_tokens=0, page_size=16, num_kv_heads=1, group=128,
+              head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=20, softcap=0.0,
+              use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.125, strided=False, spare_pages=0,
+              extra_cols=0, tiles=None, seed=14)
 )  # fmt: skip
 def test_matches_reference(spec):
     p = build(spec, DEVICE)

@@ -43,7 +43,7 @@ def cases(draw):
     slack_pages = draw(st.integers(0, 3))
     spec = Spec(
         q_lens=q_lens, kv_lens=kv_lens, pad_tokens=draw(st.sampled_from((0, 3))), page_size=page_size,
-        num_kv_heads=draw(st.sampled_from((1, 2))), group=draw(st.sampled_from((1, 4, 5))),
+        num_kv_heads=draw(st.sampled_from((1, 2))), group=draw(st.sampled_from((1, 4, 5, 16, 48, 128))),
         head_dim=draw(st.sampled_from((64, 128))), head_dim_v=0, dtype=draw(st.sampled_from(DTYPES)),
         causal=draw(st.booleans()), window_left=draw(st.one_of(st.just(-1), st.integers(0, 400))),
         softcap=draw(st.sampled_from((0.0, 0.0, 20.0))), use_alibi=draw(st.booleans()), use_sinks=draw(st.booleans()),

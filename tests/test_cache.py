@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
 
+from .strategies import guarded
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 LOW = (torch.float16,) if DEVICE == "cpu" else (torch.float16, torch.bfloat16)
 FLOATS = (torch.float32, *LOW)
@@ -24,7 +26,9 @@ def cache_writes(draw):
     n_pad = draw(st.integers(0, 5))
     seed = draw(st.integers(0, 2**31 - 1))
     gen = torch.Generator().manual_seed(seed)
-    slots = torch.randperm(num_slots, generator=gen)[:n_write].tolist() + [-1] * n_pad
+    # Padding (-1), and slots outside the cache on either side (dropped, as debug mode would report them).
+    stray = [-1, -1, -page_size - 1, -num_slots - 3, num_slots, num_slots + page_size + 2]
+    slots = torch.randperm(num_slots, generator=gen)[:n_write].tolist() + stray[: n_pad + 1]
     order = torch.randperm(len(slots), generator=gen).tolist()
     return {
         "page_size": page_size,
@@ -54,8 +58,11 @@ def test_writes_exactly_the_given_slots(case):
         buf = torch.randn(pages, ps, 2, h + 1, max(d, dv) + 4, generator=gen, device=DEVICE).to(case["cache_dtype"])
         k_cache, v_cache = buf[:, :, 0, :h, :d], buf[:, :, 1, 1:, :dv]
     else:
-        k_cache = torch.randn(pages, ps, h, d, generator=gen, device=DEVICE).to(case["cache_dtype"])
-        v_cache = torch.randn(pages, ps, h, dv, generator=gen, device=DEVICE).to(case["cache_dtype"])
+        # Guard pages before and after each cache: a write past either end shows.
+        k_cache, k_guards = guarded((pages, ps, h, d), case["cache_dtype"], DEVICE)
+        v_cache, v_guards = guarded((pages, ps, h, dv), case["cache_dtype"], DEVICE)
+        k_cache.copy_(torch.randn(pages, ps, h, d, generator=gen, device=DEVICE))
+        v_cache.copy_(torch.randn(pages, ps, h, dv, generator=gen, device=DEVICE))
     scales = {}
     if case["scaled"]:
         scales = {
@@ -69,9 +76,12 @@ def test_writes_exactly_the_given_slots(case):
     # Bitwise: the written slots hold the (scaled, cast) inputs, every other slot keeps its old random bits.
     assert torch.equal(k_cache, k_ref)
     assert torch.equal(v_cache, v_ref)
+    if not case["strided"]:
+        k_guards()
+        v_guards()
     # And the reference itself did write the tokens (guards against both sides doing nothing).
     for i, slot in enumerate(case["slots"]):
-        if slot >= 0 and not scales:
+        if 0 <= slot < pages * ps and not scales:
             assert torch.equal(k_cache[slot // ps, slot % ps], key[i].to(case["cache_dtype"]))
 
 

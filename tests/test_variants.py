@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -14,11 +16,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
-from triton_paged_ops import reference, warmup
+from triton_paged_ops import configs, reference, warmup
 from triton_paged_ops.checks import decode_tail_of
 from triton_paged_ops.inputs import random_paged_batch
 from triton_paged_ops.kernels.attention import attention_launch_plan
 from triton_paged_ops.ops import INTERPRET
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 from . import posing
 from .strategies import Spec, build, poison_unowned_slots, specs
@@ -27,8 +30,6 @@ from .test_attention import DTYPES, MAX_WORK, _tiles, assert_close_to_reference
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Posing is for the interpreter: a GPU run plans for the GPU it has.
 interpreted = pytest.mark.skipif(not INTERPRET, reason="poses as a GPU under Triton's interpreter")
-# What the coverage check found, per (model, planner, mode): (covered, reachable); printed after the run.
-COVERAGE: dict[str, tuple[int, int]] = {}
 
 
 def _run(p, *, batch_invariant: bool = False, decode_tail: int = -1, max_seqlen_q=None, max_seqlen_k=None):
@@ -213,8 +214,66 @@ def test_every_reachable_variant_runs_against_the_reference(model, pose, invaria
             posing.LAUNCHED.clear()
             out, lse, ref_out, ref_lse = _run(p, batch_invariant=invariant, max_seqlen_q=q, max_seqlen_k=k,
                                               decode_tail=-1 if hint < 0 else hint and batch - 1)  # fmt: skip
-            assert posing.LAUNCHED == {variant}, f"{(batch, q, k, hint)} did not launch the variant it reaches"
+            assert {variant} == posing.LAUNCHED, f"{(batch, q, k, hint)} did not launch the variant it reaches"
             assert_close_to_reference(out, lse, ref_out, ref_lse, torch.bfloat16, int(p.cu_seqlens_q[-1]))
             covered += 1
-    COVERAGE[f"{model} {pose} {'batch-invariant' if invariant else 'default'}"] = (covered, len(reachable))
+    # (Printed after the run by conftest's summary: covered/reachable per model, planner and mode.)
+    with open(os.environ["TPA_VARIANT_COVERAGE"], "a") as f:
+        name = f"{model} {pose} {'batch-invariant' if invariant else 'default'}"
+        f.write(json.dumps([name, covered, len(reachable)]) + "\n")
     assert covered == len(reachable) > 0
+
+
+# Big GQA groups through the GPU's fast paths (each case checks that its launch takes the path it names): the
+# warp-specialized sm_90 prefill kernel (groups dividing its 128-row tile), ``decode_large`` (fp8 decode of a batch
+# with a (sequence, KV head) pair per SM), ``short_narrow`` (a short query's packed rows in one decode-style tile),
+# bf16 and fp8 caches.
+FAST_PATHS = [
+    # (path, Hq, Hkv, D, q_lens, ctx_lens, cache dtype name)
+    ("ws_prefill", 128, 8, 128, [300, 77], [0, 500], "bfloat16"),
+    ("ws_prefill", 64, 2, 128, [129, 1, 1], [40, 700, 30], "bfloat16"),
+    ("ws_prefill", 128, 1, 256, [100], [60], "bfloat16"),
+    ("decode_large", 128, 8, 128, [1] * 40, [100 * i + 7 for i in range(40)], "float8_e4m3fn"),
+    ("decode", 128, 8, 128, [1] * 3, [4000, 17, 900], "float8_e4m3fn"),
+    ("short_narrow", 16, 4, 128, [4, 1, 3], [300, 70, 9], "bfloat16"),
+    ("short_narrow", 8, 1, 64, [2, 1, 2], [90, 30, 500], "bfloat16"),
+    ("short", 48, 1, 128, [4, 4, 1], [600, 40, 300], "bfloat16"),
+    ("short", 128, 8, 128, [16, 3], [1000, 5], "float8_e4m3fn"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+@pytest.mark.parametrize("path,hq,hkv,head_dim,q_lens,ctx_lens,cache", FAST_PATHS)
+def test_big_groups_on_the_gpu_fast_paths(path, hq, hkv, head_dim, q_lens, ctx_lens, cache, invariant):
+    cache_dtype = getattr(torch, cache)
+    kv_lens = [q + c for q, c in zip(q_lens, ctx_lens)]
+    gen = torch.Generator(device=DEVICE).manual_seed(len(q_lens))
+    pb = random_paged_batch(q_lens, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim, page_size=16,
+                            dtype=torch.bfloat16, device=DEVICE, generator=gen, spare_pages=1,
+                            cache_dtype=cache_dtype)  # fmt: skip
+    poison_unowned_slots(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens)
+    kwargs = {}
+    if cache_dtype != torch.bfloat16:
+        kwargs = {"k_scale": torch.tensor([0.7], device=DEVICE), "v_scale": torch.tensor([1.3], device=DEVICE)}
+    lp = attention_launch_plan(
+        num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim, head_dim_v=head_dim, page_size=16,
+        dtype=torch.bfloat16, cache_dtype=cache_dtype, num_seqs=len(q_lens), max_seqlen_q=max(q_lens),
+        max_seqlen_k=max(kv_lens), causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False,
+        has_k_scale=bool(kwargs), has_v_scale=bool(kwargs), has_rows=False, want_lse=False,
+        device_index=torch.cuda.current_device(), interpret=False, batch_invariant=invariant,
+    )  # fmt: skip
+    num_sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+    regime = configs.regime_of(max(q_lens), MAX_SPLIT_Q_LEN, len(q_lens) * hkv, num_sms, False, hq // hkv)
+    if not invariant:
+        if path == "ws_prefill":
+            assert lp.ws is not None or torch.cuda.get_device_capability()[0] != 9
+        else:
+            assert regime == path
+    t = pb.q.shape[0]
+    out = torch.full((t, hq, head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    tpa.paged_attention_out(*pb.args, **kwargs, batch_invariant=invariant, out=out)
+    ref = reference.paged_attention(*pb.args[:6], pb.scale, **kwargs)
+    n = sum(q_lens)
+    err = ((out[:n].float() - ref[:n].float()).norm() / ref[:n].float().norm()).item()
+    assert not out[:n].isnan().any() and err <= 1e-2, f"relative error {err:.2e}"

@@ -61,9 +61,14 @@ _ATTENTION_PARAMS = """
         ``invariant_leaves``); each leaf is reduced on its own, a segment is the in-order fold of its leaves and a
         row the in-order fold of its segments. Decode still splits: one program per segment, or per leaf where
         the segments' programs would leave SMs idle. Every regime uses the decode regime's tile (long prefills run
-        slower in this mode). Verified for the Triton
-        kernels on an H200 and the interpreter; the plain-PyTorch fallback for CPU tensors attends each sequence
-        alone (batch-mate and order invariant, not bitwise between prefill and decode).
+        slower in this mode). What is bitwise where, as tested (``tests/test_batch_invariant.py``):
+
+        * compiled kernels (GPU; H200 with Triton 3.6): all of the above;
+        * Triton's interpreter (CPU tensors with ``TRITON_INTERPRET=1``): the batch, order, padding, bounds and
+          prefill-chunk length, but a decode step and the same token as a later row of a prefill chunk may differ
+          in the last bits (fp32: ~5e-8 relative; numpy's matrix product rounds by the row's place in the tile);
+        * the plain-PyTorch fallback (CPU tensors otherwise): attends each sequence alone, so batch-mates and order
+          change nothing, but prefill and decode are not bitwise equal.
     decode_tail : int, default -1
         Host-side hint of the batch's layout: how many sequences at its end are decodes (one new token each) with
         no one-token sequence before them, as in SGLang's mixed batches (:func:`decode_tail_of` computes it from

@@ -341,8 +341,6 @@ def _reshape_and_cache_op(
     v_scale: torch.Tensor | None = None,
 ) -> None:
     checks.check_cache_args(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
-    if torch.is_grad_enabled():
-        checks.check_no_grad("reshape_and_cache", key=key, value=value)
     if checks.debug_mode():
         checks.debug_check_cache(k_cache, slot_mapping)
     if _use_kernels(key):
@@ -362,8 +360,6 @@ def _merge_attn_states_op(
     out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     checks.check_merge_args(out_a, lse_a, out_b, lse_b)
-    if torch.is_grad_enabled():
-        checks.check_no_grad("merge_attn_states", out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
     if not _use_kernels(out_a):
         return reference.merge_attn_states(out_a, lse_a, out_b, lse_b)
     out = torch.empty_like(out_a, memory_format=torch.contiguous_format)

@@ -38,6 +38,8 @@ _INTERPRETING = bool(triton.knobs.runtime.interpret)
 def interpreter_turn() -> contextlib.AbstractContextManager:
     """Hold around a kernel launch: one interpreted launch at a time in this process (nothing on GPUs)."""
     return _INTERPRETER_TURN if _INTERPRETING else contextlib.nullcontext()
+
+
 _enabled = True
 _data_ptr = torch.Tensor.data_ptr
 
