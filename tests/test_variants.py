@@ -5,7 +5,6 @@ reach for real model shapes runs once against the reference."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -18,49 +17,39 @@ from hypothesis import strategies as st
 import triton_paged_ops as tpa
 from triton_paged_ops import configs, reference, warmup
 from triton_paged_ops.checks import decode_tail_of
-from triton_paged_ops.inputs import random_paged_batch
+from triton_paged_ops.inputs import PagedBatch, random_paged_batch
 from triton_paged_ops.kernels.attention import attention_launch_plan
 from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 
 from . import posing
-from .strategies import Spec, build, poison_unowned_slots, specs
-from .test_attention import DTYPES, MAX_WORK, _tiles, assert_close_to_reference
+from .strategies import Spec, build, guarded, poison_unowned_slots, specs
+from .test_attention import DTYPES, MAX_WORK, assert_close_to_reference, run_out_variant
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Posing is for the interpreter: a GPU run plans for the GPU it has.
 interpreted = pytest.mark.skipif(not INTERPRET, reason="poses as a GPU under Triton's interpreter")
 
 
-def _run(p, *, batch_invariant: bool = False, decode_tail: int = -1, max_seqlen_q=None, max_seqlen_k=None):
-    """The kernels' out and lse (NaN-poisoned first: unwritten rows show) and the reference's for problem ``p``."""
+def _run(p, kwargs: dict, *, batch_invariant: bool = False, decode_tail: int = -1, max_seqlen_q=None,
+         max_seqlen_k=None):  # fmt: skip
+    """The kernels' out and lse (NaN-poisoned first: unwritten rows show) and the reference's for paged batch ``p``
+    with the features in ``kwargs``."""
     t, hq = p.q.shape[:2]
-    out = torch.full((t, hq, p.v_cache.shape[-1]), float("nan"), dtype=p.q.dtype, device=p.q.device)
-    lse = torch.full((t, hq), float("nan"), device=p.q.device)
+    out, out_guards = guarded((t, hq, p.v_cache.shape[-1]), p.q.dtype, p.q.device)
+    lse, lse_guards = guarded((t, hq), torch.float32, p.q.device)
     args = (p.q, p.k_cache, p.v_cache, p.block_table, p.cu_seqlens_q, p.seq_lens,
             max_seqlen_q or p.max_seqlen_q, max_seqlen_k or p.max_seqlen_k, p.scale)  # fmt: skip
-    tpa.paged_attention_out(*args, **p.kwargs, batch_invariant=batch_invariant, decode_tail=decode_tail, out=out,
+    tpa.paged_attention_out(*args, **kwargs, batch_invariant=batch_invariant, decode_tail=decode_tail, out=out,
                             lse=lse)  # fmt: skip
-    ref_out, ref_lse = reference.paged_attention_with_lse(*args[:6], p.scale, **p.kwargs)
+    out_guards()
+    lse_guards()
+    ref_out, ref_lse = reference.paged_attention_with_lse(*args[:6], p.scale, **kwargs)
     return out, lse, ref_out, ref_lse
 
 
-@dataclasses.dataclass
-class _Batch:
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor
-    cu_seqlens_q: torch.Tensor
-    seq_lens: torch.Tensor
-    max_seqlen_q: int
-    max_seqlen_k: int
-    scale: float
-    kwargs: dict
-
-
 def _batch(q_lens, kv_lens, hq, hkv, head_dim, dtype, *, page_size=16, seed=0, width_keys=0, softcap=0.0,
-           window_left=-1, sinks=False) -> _Batch:  # fmt: skip
+           window_left=-1, sinks=False) -> tuple[PagedBatch, dict]:  # fmt: skip
     """A random paged batch (pages permuted, NaN in every slot no sequence owns) with a block table wide enough for
     ``width_keys`` keys, and the features' arguments."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -72,8 +61,7 @@ def _batch(q_lens, kv_lens, hq, hkv, head_dim, dtype, *, page_size=16, seed=0, w
     kwargs = {"causal": True, "window_left": window_left, "softcap": softcap}
     if sinks:
         kwargs["sinks"] = torch.randn(hq, generator=gen, device=DEVICE) * 2.0
-    return _Batch(pb.q, pb.k_cache, pb.v_cache, pb.block_table, pb.cu_seqlens_q, pb.seq_lens, pb.max_seqlen_q,
-                  pb.max_seqlen_k, pb.scale, kwargs)  # fmt: skip
+    return pb, kwargs
 
 
 # Prefill tokens in tiles that hold one query position (a GQA group that fills the tile): each must keep its causal
@@ -98,11 +86,11 @@ ONE_POSITION_TILES = [
 def test_one_position_tiles_keep_the_causal_mask(pose, hq, hkv, head_dim, q_lens, kv_lens, invariant):
     if pose is not None and not INTERPRET:
         pytest.skip("poses as a GPU under Triton's interpreter")
-    p = _batch(q_lens, kv_lens, hq, hkv, head_dim, torch.float16, seed=len(q_lens))
+    p, kwargs = _batch(q_lens, kv_lens, hq, hkv, head_dim, torch.float16, seed=len(q_lens))
     with posing.planned_as(posing.POSES[pose]) if pose else contextlib.nullcontext():
         lp = _plan(p, invariant)
         assert lp.block_q == 1 < p.max_seqlen_q, "the case must put one query position in a tile of a longer query"
-        out, lse, ref_out, ref_lse = _run(p, batch_invariant=invariant)
+        out, lse, ref_out, ref_lse = _run(p, kwargs, batch_invariant=invariant)
     assert_close_to_reference(out, lse, ref_out, ref_lse, torch.float16, sum(q_lens))
 
 
@@ -141,12 +129,9 @@ def test_matches_reference_as_planned_on_gpus(pose, spec, invariant, hint):
     shipped H200 table, the heuristic on an sm_90 GPU without a table, and on an MI300X (64 KiB of LDS); default and
     batch-invariant mode, with and without the caller's ``decode_tail`` hint."""
     p = build(spec, DEVICE)
-    t, hq = p.q.shape[:2]
-    out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=DEVICE)
-    lse = torch.full((t, hq), float("nan"), device=DEVICE)
     tail = decode_tail_of(spec.q_lens) if hint else -1
-    with posing.planned_as(posing.POSES[pose]), _tiles(spec):
-        tpa.paged_attention_out(*p.args, **p.kwargs, batch_invariant=invariant, decode_tail=tail, out=out, lse=lse)
+    with posing.planned_as(posing.POSES[pose]):
+        out, lse = run_out_variant(p, batch_invariant=invariant, decode_tail=tail)
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
     n = p.num_real_tokens
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
@@ -164,7 +149,8 @@ MODELS = {
 }
 
 
-def _variant_batch(model: dict, lp, batch: int, q_bound: int, k_bound: int, hint: int, seed: int) -> _Batch:
+def _variant_batch(model: dict, lp, batch: int, q_bound: int, k_bound: int, hint: int,
+                   seed: int) -> tuple[PagedBatch, dict]:  # fmt: skip
     """A batch that the planner gives the variant of (``batch``, ``q_bound``, ``k_bound``, ``hint``) as
     ``warmup.reachable_variants`` found it: one sequence of up to two query blocks (the second of one token) on
     keys that reach into a second split segment where segments are decode-sized (prefill launches' segments of
@@ -210,9 +196,9 @@ def test_every_reachable_variant_runs_against_the_reference(model, pose, invaria
         for i, (variant, (batch, q, k, hint)) in enumerate(sorted(reachable.items(), key=lambda kv: kv[1])):
             lp = attention_launch_plan(num_seqs=batch, max_seqlen_q=q, max_seqlen_k=k, decode_tail=hint, **fixed)
             assert lp.variant() == variant
-            p = _variant_batch(m, lp, batch, q, k, hint, seed=i)
+            p, kwargs = _variant_batch(m, lp, batch, q, k, hint, seed=i)
             posing.LAUNCHED.clear()
-            out, lse, ref_out, ref_lse = _run(p, batch_invariant=invariant, max_seqlen_q=q, max_seqlen_k=k,
+            out, lse, ref_out, ref_lse = _run(p, kwargs, batch_invariant=invariant, max_seqlen_q=q, max_seqlen_k=k,
                                               decode_tail=-1 if hint < 0 else hint and batch - 1)  # fmt: skip
             assert {variant} == posing.LAUNCHED, f"{(batch, q, k, hint)} did not launch the variant it reaches"
             assert_close_to_reference(out, lse, ref_out, ref_lse, torch.bfloat16, int(p.cu_seqlens_q[-1]))

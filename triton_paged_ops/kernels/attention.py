@@ -1574,8 +1574,9 @@ def _cached_launch_plan(
             leaves //= 2
         cfg = {**cfg, "BLOCK_N": block_n, "invariant_segment": segment, "invariant_leaves": leaves,
                "BLOCK_M": decode["BLOCK_M"], "num_warps": decode["num_warps"]}  # fmt: skip
-    # Query tokens per tile. Decode launches say 1 whatever the tile holds: one token sees every key below its
-    # sequence length, which lets the kernel drop the causal mask (the tile's other rows are padding).
+    # Query tokens per tile. Decode launches say 1 whatever the tile holds (the tile's other rows are padding);
+    # longer queries get 1 too where a GQA group fills the tile. A tile of one position needs no causal mask: the
+    # kernel bounds its keys by that position's own causal limit (``_attend_tiles``), whatever the launch.
     block_q = 1 if max_seqlen_q == 1 else max(1, cfg["BLOCK_M"] // group)
     small_m = small_n = 0
     if not batch_invariant and max_seqlen_q > 1 and decode_tail != 0:
