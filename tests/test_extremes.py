@@ -4,6 +4,8 @@ batch-invariant folds, ``merge_attn_states``, cascades), huge log-sum-exps, huge
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 import torch
 
@@ -160,3 +162,26 @@ def test_bad_types_are_named():
     with pytest.raises(TypeError, match="prefix_pages must be an int32"):
         cascade_attention(pb.q, pb.k_cache, pb.v_cache, torch.tensor([0], dtype=torch.int64, device=DEVICE), 8,
                           pb.block_table, pb.cu_seqlens_q, pb.seq_lens, 2, 9, pb.scale)  # fmt: skip
+
+
+def test_calls_from_several_threads_match_serial_calls():
+    """Launches from threads at once (Triton's interpreter keeps process-wide state: they must take turns) give the
+    same bits as the same calls one after another."""
+    problems = [_batch([3, 1], [50 + 9 * i, 20 + i], seed=10 + i) for i in range(4)]
+
+    def work(pb):
+        out, lse = _attend(pb)
+        merged, merged_lse = tpa.merge_attn_states(out, lse, out, lse)
+        k_cache, v_cache = pb.k_cache.clone(), pb.v_cache.clone()
+        tpa.reshape_and_cache(pb.q[:, :2], pb.q[:, :2], k_cache, v_cache,
+                              torch.arange(pb.q.shape[0], device=DEVICE))  # fmt: skip
+        return out, lse, merged, merged_lse, k_cache, v_cache
+
+    # (Split launches: the attention kernel, then the reduce. The override is process-wide: set once, around all.)
+    with attention_config_override(num_splits=2):
+        serial = [work(pb) for pb in problems]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            threaded = list(pool.map(work, problems * 2))
+    for got, want in zip(threaded, serial * 2):
+        for a, b in zip(got, want):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))

@@ -101,7 +101,8 @@ def _plan(p, invariant: bool = False, decode_tail: int = -1):
         page_size=p.k_cache.shape[1], dtype=p.q.dtype, cache_dtype=p.k_cache.dtype, num_seqs=p.seq_lens.numel(),
         max_seqlen_q=p.max_seqlen_q, max_seqlen_k=p.max_seqlen_k, causal=True, window_left=-1, softcap=0.0,
         has_alibi=False, has_sinks=False, has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
-        device_index=None, interpret=INTERPRET, batch_invariant=invariant, decode_tail=decode_tail,
+        device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
+        batch_invariant=invariant, decode_tail=decode_tail,
     )  # fmt: skip
 
 
