@@ -56,16 +56,17 @@ def _posed_plan(*args):
 @contextlib.contextmanager
 def planned_as(gpu: Gpu) -> Iterator[None]:
     """Plan interpreted launches (and ``attention_launch_plan`` for device 0) as on ``gpu`` inside the block."""
+    copies = not gpu.amd and float(gpu.capability) >= 9
     patches = [
         (configs, "device_identity", lambda device_index: (gpu.name, gpu.capability)),
         (configs, "triton_version", lambda: gpu.triton),
         (plan, "_num_sms", lambda device_index: gpu.units),
         (attention, "max_shared_memory", lambda device_index: gpu.shared),
         (attention, "device_is_amd", lambda device_index: gpu.amd),
-        # The interpreter cannot run a dependent launch's grid-dependency control, nor block copies planned for a
-        # device (only tables that never ask for them are posed).
+        # The interpreter cannot run a dependent launch's grid-dependency control. (Block copies it can: sm_90 and
+        # newer NVIDIA GPUs have them.)
         (attention, "dependent_launch_supported", lambda device_index: False),
-        (attention, "tensor_descriptors_supported", lambda device_index, interpret: True),
+        (attention, "tensor_descriptors_supported", lambda device_index, interpret: copies),
         (attention, "_cached_launch_plan", _posed_plan),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
