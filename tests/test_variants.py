@@ -108,7 +108,7 @@ def _plan(p, invariant: bool = False, decode_tail: int = -1):
 
 @interpreted
 @pytest.mark.parametrize("pose", sorted(posing.POSES))
-@settings(max_examples=max(6, settings.default.max_examples // 3))
+@settings(max_examples=max(5, settings.default.max_examples // 5))
 @given(spec=specs(dtypes=DTYPES, max_work=MAX_WORK, forced_tiles=False), invariant=st.booleans(),
        hint=st.booleans())  # fmt: skip
 @example(  # Llama-3-405B's group verifying draft tokens beside decodes, in batch-invariant mode
