@@ -49,18 +49,22 @@ def _run(p, kwargs: dict, *, batch_invariant: bool = False, decode_tail: int = -
 
 
 def _batch(q_lens, kv_lens, hq, hkv, head_dim, dtype, *, page_size=16, seed=0, width_keys=0, softcap=0.0,
-           window_left=-1, sinks=False) -> tuple[PagedBatch, dict]:  # fmt: skip
+           window_left=-1, sinks=False, cache_dtype=None) -> tuple[PagedBatch, dict]:  # fmt: skip
     """A random paged batch (pages permuted, NaN in every slot no sequence owns) with a block table wide enough for
-    ``width_keys`` keys, and the features' arguments."""
+    ``width_keys`` keys, and the features' arguments (with an fp8 ``cache_dtype``: its scales)."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     width = max(math.ceil(n / page_size) for n in kv_lens)
     pb = random_paged_batch(q_lens, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=head_dim,
                             page_size=page_size, dtype=dtype, device=DEVICE, generator=gen, spare_pages=1,
-                            extra_cols=max(0, math.ceil(width_keys / page_size) - width))  # fmt: skip
+                            extra_cols=max(0, math.ceil(width_keys / page_size) - width),
+                            cache_dtype=cache_dtype)  # fmt: skip
     poison_unowned_slots(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens)
     kwargs = {"causal": True, "window_left": window_left, "softcap": softcap}
     if sinks:
         kwargs["sinks"] = torch.randn(hq, generator=gen, device=DEVICE) * 2.0
+    if cache_dtype is not None:
+        kwargs["k_scale"] = torch.rand(1, generator=gen, device=DEVICE) + 0.5
+        kwargs["v_scale"] = torch.rand(1, generator=gen, device=DEVICE) + 0.5
     return pb, kwargs
 
 
@@ -147,6 +151,8 @@ MODELS = {
     "mqa-48": dict(num_q_heads=48, num_kv_heads=1, head_dim=128),
     "gemma-2": dict(num_q_heads=16, num_kv_heads=8, head_dim=256, softcap=50.0, window_left=4095),
     "gpt-oss": dict(num_q_heads=64, num_kv_heads=8, head_dim=64, sinks=True, window_left=127),
+    # (A bf16 model over an fp8 KV cache with per-tensor scales: the H200 table's fp8 decode entries.)
+    "llama-3-8b-fp8-kv": dict(num_q_heads=32, num_kv_heads=8, head_dim=128, cache_dtype=torch.float8_e4m3fn),
 }
 
 
@@ -169,7 +175,8 @@ def _variant_batch(model: dict, lp, batch: int, q_bound: int, k_bound: int, hint
     kv_lens = [kv_first] + [rest + int(torch.randint(0, 40, (1,), generator=gen)) for _ in range(batch - 1)]
     return _batch(q_lens, kv_lens, model["num_q_heads"], model["num_kv_heads"], model["head_dim"], torch.bfloat16,
                   seed=seed, width_keys=k_bound, softcap=model.get("softcap", 0.0),
-                  window_left=model.get("window_left", -1), sinks=model.get("sinks", False))  # fmt: skip
+                  window_left=model.get("window_left", -1), sinks=model.get("sinks", False),
+                  cache_dtype=model.get("cache_dtype"))  # fmt: skip
 
 
 @interpreted
@@ -182,15 +189,16 @@ def test_every_reachable_variant_runs_against_the_reference(model, pose, invaria
     variant ``warmup.reachable_variants`` finds is launched once, checked to be the variant launched, and compared
     with the reference."""
     m = MODELS[model]
-    features = {k: m[k] for k in ("softcap", "window_left", "sinks") if k in m}
+    features = {k: m[k] for k in ("softcap", "window_left", "sinks", "cache_dtype") if k in m}
     st_ = warmup.ServingSettings(num_q_heads=m["num_q_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
                                  dtype=torch.bfloat16, decode_tail=True, batch_invariant=invariant, lse=True,
-                                 **features)  # fmt: skip
+                                 kv_scale="cache_dtype" in m, **features)  # fmt: skip
     fixed = dict(num_q_heads=st_.num_q_heads, num_kv_heads=st_.num_kv_heads, head_dim=st_.head_dim,
-                 head_dim_v=st_.head_dim, page_size=st_.page_size, dtype=st_.dtype, cache_dtype=st_.dtype,
-                 causal=True, window_left=st_.window_left, softcap=st_.softcap, has_alibi=False,
-                 has_sinks=st_.sinks, has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=True,
-                 device_index=0, interpret=False, batch_invariant=invariant)  # fmt: skip
+                 head_dim_v=st_.head_dim, page_size=st_.page_size, dtype=st_.dtype,
+                 cache_dtype=st_.cache_dtype or st_.dtype, causal=True, window_left=st_.window_left,
+                 softcap=st_.softcap, has_alibi=False, has_sinks=st_.sinks, has_k_scale=st_.kv_scale,
+                 has_v_scale=st_.kv_scale, has_rows=False, want_lse=True, device_index=0, interpret=False,
+                 batch_invariant=invariant)  # fmt: skip
     covered = 0
     with posing.planned_as(posing.POSES[pose]):
         reachable = warmup.reachable_variants(st_, 0, False)
