@@ -161,12 +161,9 @@ class Launcher:
             with interpreter_turn():
                 wrap(self.kernel)[grid](*args, **constexprs, **options)
             return None
-        if self.interpreted:
-            with _INTERPRETER_TURN:
+        if self.interpreted or not _enabled:
+            with interpreter_turn():
                 self.kernel[grid](*args, **constexprs, **options)
-            return None
-        if not _enabled:
-            self.kernel[grid](*args, **constexprs, **options)
             return None
         tensors = args[self.tensors]
         if fixed is None:
