@@ -36,7 +36,9 @@ def _store_rows(
 ):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    mask = valid & (offs_h[:, None] < num_heads) & (offs_d[None, :] < HEAD_DIM)
+    # A select rather than `valid & block`: Triton 3.9's interpreter widens a broadcast scalar flag to an integer
+    # there, which its load/store then reject as a mask.
+    mask = tl.where(valid, (offs_h[:, None] < num_heads) & (offs_d[None, :] < HEAD_DIM), False)
     src = src_ptr + token.to(tl.int64) * stride_src_t + offs_h[:, None] * stride_src_h + offs_d[None, :]
     x = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     if HAS_SCALE:

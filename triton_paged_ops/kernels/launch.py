@@ -35,9 +35,35 @@ _INTERPRETER_TURN = threading.RLock()
 _INTERPRETING = bool(triton.knobs.runtime.interpret)
 
 
+def _interpreter_problem() -> str | None:
+    """Why the installed Triton's interpreter cannot run these kernels, if it cannot."""
+    import numpy
+
+    triton_version = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    numpy_version = tuple(int(p) for p in numpy.__version__.split(".")[:2])
+    if triton_version < (3, 7) and numpy_version >= (2, 4):
+        # 3.6 turns a loop bound into a Python int through a 1-element array, which numpy 2.4 no longer converts.
+        return (
+            f"Triton {triton.__version__}'s interpreter (TRITON_INTERPRET=1) fails with numpy {numpy.__version__} "
+            "on loops with run-time bounds: install numpy<2.4, or Triton 3.7 or newer"
+        )
+    return None
+
+
 def interpreter_turn() -> contextlib.AbstractContextManager:
     """Hold around a kernel launch: one interpreted launch at a time in this process (nothing on GPUs)."""
-    return _INTERPRETER_TURN if _INTERPRETING else contextlib.nullcontext()
+    if not _INTERPRETING:
+        return contextlib.nullcontext()
+    global _checked_interpreter
+    if not _checked_interpreter:
+        problem = _interpreter_problem()
+        if problem:
+            raise RuntimeError(problem)
+        _checked_interpreter = True
+    return _INTERPRETER_TURN
+
+
+_checked_interpreter = False
 
 
 _enabled = True
