@@ -507,3 +507,39 @@ def test_reduce_taking_the_full_path_reads_the_workspace_the_attention_kernel_wr
     written_out, written_lse = attention_kernel.runs[0][2][3:5]
     _, reduce_args, _ = reduce_kernel.own[1]
     assert (reduce_args[0].data_ptr(), reduce_args[1].data_ptr()) == (written_out, written_lse)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="records the interpreter's launches")
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+def test_every_launch_names_its_fp_fusion(invariant, monkeypatch):
+    """Triton's default for FP fusion changes (off from 3.10): every kernel launch names it, so the compiled code,
+    and the bits the tests pin, stay the same across Triton versions. Batch-invariant mode with a logit cap turns
+    it off; everything else asks for it."""
+    from triton.runtime import interpreter
+
+    launches = []
+    run = interpreter.InterpretedFunction.run
+
+    def recording_run(self, *args, **kwargs):
+        launches.append((self.fn.__name__, kwargs.get("enable_fp_fusion")))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.InterpretedFunction, "run", recording_run)
+    spec = Spec(q_lens=[1, 1, 5], kv_lens=[200, 40, 30], pad_tokens=1, page_size=16, num_kv_heads=2, group=2,
+                head_dim=32, head_dim_v=32, dtype=torch.float32, causal=True, window_left=-1, softcap=20.0,
+                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=1,
+                extra_cols=0, tiles=None, seed=5)  # fmt: skip
+    p = build(spec, "cpu")
+    split = dict(BLOCK_N=16, invariant_segment=64) if invariant else dict(BLOCK_N=16, num_splits=2)
+    with attention.attention_config_override(**split):
+        tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
+    out, lse = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
+    tpa.merge_attn_states(out, lse, out, lse)
+    key = torch.randn(3, 2, 32)
+    tpa.reshape_and_cache(key, key, p.args[1], p.args[2], torch.tensor([0, 5, 17]))
+    names = {name for name, _ in launches}
+    assert {"_paged_attention_kernel", "_reduce_splits_kernel", "_merge_attn_states_kernel",
+            "_reshape_and_cache_kernel"} <= names, names  # fmt: skip
+    for name, fusion in launches:
+        want = not (invariant and name == "_paged_attention_kernel")
+        assert fusion is want, (name, fusion)

@@ -35,6 +35,6 @@ def register() -> None:
 
         @register_attention_backend(BACKEND_NAME)
         def _create(runner):
-            from integrations.sglang.backend import TpaAttnBackend
+            from .backend import TpaAttnBackend
 
             return TpaAttnBackend(runner)

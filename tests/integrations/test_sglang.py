@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("sglang")
 
-from integrations.sglang import BACKEND_NAME, SUPPORTED_SGLANG, register  # noqa: E402
+from triton_paged_ops.integrations.sglang import BACKEND_NAME, SUPPORTED_SGLANG, register  # noqa: E402
 
 register()
 
@@ -153,7 +153,7 @@ DETERMINISTIC_CASES = [c for c in CASES if c.forward_mode.is_decode()][:1] + [
 def test_dense_case_in_deterministic_mode(case, monkeypatch):
     """With deterministic inference on, the backend calls the ops in batch-invariant mode; results still match
     the kit's reference (the bitwise property itself is tested on the ops)."""
-    from integrations.sglang import backend as tpa_backend
+    from triton_paged_ops.integrations.sglang import backend as tpa_backend
 
     calls = []
     real = tpa_backend.tpa.paged_attention_out
@@ -178,7 +178,7 @@ def _with_fp8_pool(fixture, scales: tuple[float, float] | None):
     a backend built for the new pool."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
-    from integrations.sglang.backend import TpaAttnBackend
+    from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     runner, layer = fixture.runner, fixture.actual_module.attn
     old = runner.token_to_kv_pool
@@ -201,7 +201,7 @@ def _with_fp8_pool(fixture, scales: tuple[float, float] | None):
 def test_fp8_kv_cache(case, scales, monkeypatch):
     """``--kv-cache-dtype fp8_e4m3``: the ops read SGLang's fp8 pool with the layer's scales (1 without any), and
     the result matches the kit's full-precision reference within fp8's rounding (3 mantissa bits)."""
-    from integrations.sglang import backend as tpa_backend
+    from triton_paged_ops.integrations.sglang import backend as tpa_backend
 
     seen = []
     real = tpa_backend.tpa.paged_attention_out
@@ -236,7 +236,7 @@ def test_cuda_graph_metadata_protocol_on_an_fp8_pool():
 def test_unsupported_kv_cache_dtype_is_refused_clearly():
     from types import SimpleNamespace
 
-    from integrations.sglang.backend import TpaAttnBackend
+    from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     backend = TpaAttnBackend.__new__(TpaAttnBackend)
     backend._kv_scales, backend._unit_scale = {}, torch.ones(1)
@@ -352,7 +352,7 @@ def test_unsupported_forward_modes_are_refused_clearly():
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from integrations.sglang.backend import TpaAttnBackend
+    from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     backend = TpaAttnBackend.__new__(TpaAttnBackend)
     backend._cg_rows = torch.zeros(4, dtype=torch.int64)
@@ -538,7 +538,7 @@ def test_layer_features_the_ops_lack_are_refused_clearly(name, monkeypatch):
 def test_encoder_decoder_batches_are_refused():
     from types import SimpleNamespace
 
-    from integrations.sglang.backend import TpaAttnBackend
+    from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     backend = TpaAttnBackend.__new__(TpaAttnBackend)
     batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, batch_size=1, encoder_lens=torch.tensor([3]))
@@ -555,7 +555,7 @@ def test_bidirectional_extends_follow_sglangs_rule(graphs_off, chunk, monkeypatc
     from sglang.srt import runtime_context
     from sglang.srt.model_executor import cuda_graph_config
 
-    from integrations.sglang.backend import bidirectional_extend_allowed
+    from triton_paged_ops.integrations.sglang.backend import bidirectional_extend_allowed
 
     monkeypatch.setattr(cuda_graph_config, "cuda_graph_fully_disabled", lambda: graphs_off)
     monkeypatch.setattr(cuda_graph_config, "check_cuda_graph_backend", lambda phase, backend: False)
@@ -577,7 +577,7 @@ def test_layouts_and_masks_the_backend_cannot_read_are_refused_at_start_up():
 
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
-    from integrations.sglang.backend import TpaAttnBackend
+    from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     runner = SimpleNamespace(
         device="cpu", server_args=SimpleNamespace(enable_deterministic_inference=False),

@@ -1648,7 +1648,9 @@ def _cached_launch_plan(
         DIAG_LOOP=(cfg["diag_loop"] if block_q > 1 and causal and window_left < 0 and cfg["page_guard"] == 2
                    and not batch_invariant else 1),
     )  # fmt: skip
-    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    # FP fusion (a * b + c as one fma) named on every launch: the kernels were measured and their bits pinned with it
+    # on, and Triton's default for it changes (off from 3.10).
+    options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "enable_fp_fusion": True}
     if "maxnreg" in cfg and not interpret and device_index is not None and not device_is_amd(device_index):
         # A register cap lets two 8-warp programs share an SM (128 registers per thread), at the price of spills.
         options["maxnreg"] = cfg["maxnreg"]

@@ -36,9 +36,7 @@ def _store_rows(
 ):
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
-    # A select rather than `valid & block`: Triton 3.9's interpreter widens a broadcast scalar flag to an integer
-    # there, which its load/store then reject as a mask.
-    mask = tl.where(valid, (offs_h[:, None] < num_heads) & (offs_d[None, :] < HEAD_DIM), False)
+    mask = valid & (offs_h[:, None] < num_heads) & (offs_d[None, :] < HEAD_DIM)
     src = src_ptr + token.to(tl.int64) * stride_src_t + offs_h[:, None] * stride_src_h + offs_d[None, :]
     x = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     if HAS_SCALE:
@@ -146,5 +144,5 @@ def _launch_reshape_and_cache(
             BLOCK_DV=triton.next_power_of_2(head_dim_v),
             HAS_K_SCALE=k_scale is not None, HAS_V_SCALE=v_scale is not None,
             K_SATURATE=_saturation(k_cache.dtype), V_SATURATE=_saturation(v_cache.dtype),
-            num_warps=4,
+            num_warps=4, enable_fp_fusion=True,  # (named: Triton's default changes in 3.10)
         )  # fmt: skip

@@ -372,7 +372,7 @@ def prepare(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, o
                q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows,
                       STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, MIXED_ORDER=mixed_order,
-                      num_warps=4)  # fmt: skip
+                      num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (num_tokens // (TILE_ROWS // group) + num_seqs, num_kv_heads)
     return PreparedLaunch(grid, rows, layout, scalars, constexprs)

@@ -50,6 +50,37 @@ def _interpreter_problem() -> str | None:
     return None
 
 
+def _repair_interpreter_comparisons() -> None:
+    """Make the interpreter's comparisons typed int1, as compiled code has them.
+
+    Triton's interpreter types a comparison's result as its operands' type; from 3.9 on, a scalar flag broadcast to a
+    block (``valid & block_mask``) therefore becomes an integer array, which 3.9's loads and stores reject as a mask
+    ("mask has unsupported dtype"). The values are right; only the recorded type is wrong, so it is corrected here.
+    """
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_tpa_int1_comparisons", False):
+        return
+    int1 = triton.language.int1
+
+    def typed(create):
+        def create_comparison(self, lhs, rhs):
+            out = create(self, lhs, rhs)
+            return interpreter.TensorHandle(out.data.astype(bool, copy=False), int1)
+
+        return create_comparison
+
+    for name in dir(builder):
+        if name.startswith(("create_icmp", "create_fcmp")):
+            setattr(builder, name, typed(getattr(builder, name)))
+    builder._tpa_int1_comparisons = True
+
+
+if _INTERPRETING and tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9):
+    _repair_interpreter_comparisons()
+
+
 def interpreter_turn() -> contextlib.AbstractContextManager:
     """Hold around a kernel launch: one interpreted launch at a time in this process (nothing on GPUs)."""
     if not _INTERPRETING:

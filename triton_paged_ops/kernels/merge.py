@@ -134,7 +134,7 @@ def _launch_merge_attn_states(
             out_b.stride(0), out_b.stride(1), lse_b.stride(0), lse_b.stride(1),
             out.stride(0), out.stride(1), lse.stride(0), lse.stride(1),
             HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-            num_warps=1,
+            num_warps=1, enable_fp_fusion=True,
         )  # fmt: skip
 
 
@@ -321,7 +321,8 @@ def reduce_plan(
     # The sequential fold picks one segment's row out of a group per step: narrow rows on 4 warps would split the
     # group's rows across warps (a reduction through shared memory per step, seen in the sm_90 PTX); one warp
     # keeps each column's rows in one thread.
-    traced = {"num_warps": 1 if sequential and block_d <= 64 else 4}
+    # (FP fusion named, as on every launch: Triton's default for it changes in 3.10.)
+    traced = {"num_warps": 1 if sequential and block_d <= 64 else 4, "enable_fp_fusion": True}
     # A dependent launch lets the reduce's programs be scheduled as the attention kernel's last ones run, instead of
     # after it ends: the launch gap between the two leaves the critical path of a short decode step.
     options = {**traced, "launch_pdl": True} if dependent else traced
