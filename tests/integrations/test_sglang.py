@@ -177,7 +177,6 @@ def _with_fp8_pool(fixture, scales: tuple[float, float] | None):
     scales, then cast), the layer given those scales as SGLang's quantization config does (none: unscaled), and
     a backend built for the new pool."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-
     from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     runner, layer = fixture.runner, fixture.actual_module.attn
@@ -351,7 +350,6 @@ def test_unsupported_forward_modes_are_refused_clearly():
     from types import SimpleNamespace
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
     from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     backend = TpaAttnBackend.__new__(TpaAttnBackend)
@@ -554,7 +552,6 @@ def test_bidirectional_extends_follow_sglangs_rule(graphs_off, chunk, monkeypatc
 
     from sglang.srt import runtime_context
     from sglang.srt.model_executor import cuda_graph_config
-
     from triton_paged_ops.integrations.sglang.backend import bidirectional_extend_allowed
 
     monkeypatch.setattr(cuda_graph_config, "cuda_graph_fully_disabled", lambda: graphs_off)
@@ -576,7 +573,6 @@ def test_layouts_and_masks_the_backend_cannot_read_are_refused_at_start_up():
     from types import SimpleNamespace
 
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-
     from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
 
     runner = SimpleNamespace(
