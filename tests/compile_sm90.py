@@ -29,8 +29,8 @@ _PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32",
         torch.float8_e4m3fnuz: "*fp8e4b8", torch.int32: "*i32", torch.int64: "*i64"}  # fmt: skip
 
 
-def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: dict) -> int:
-    """Compile ``kernel`` (pointer params typed by ``pointers``, ``floats`` fp32, other params i32); shared bytes."""
+def compiled(kernel, pointers: dict, floats: tuple, constexprs: dict, options: dict):
+    """Compile ``kernel`` for ``TARGET`` (pointer params typed by ``pointers``, ``floats`` fp32, other params i32)."""
     params = list(inspect.signature(kernel.fn).parameters)
     sig = {}
     for p in params:
@@ -47,9 +47,19 @@ def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: d
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params)
              if p in pointers or (sig[p] == "i32" and p not in unspecialised and p.startswith("stride"))}  # fmt: skip
     src = ASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}, attrs=attrs)
+    return compile_source(src, options)
+
+
+def compile_source(src, options: dict):
+    """``triton.compile`` for ``TARGET``, recorded in ``COMPILED``."""
     compiled = triton.compile(src, target=TARGET, options=options)
     COMPILED.append(compiled)
-    return int(compiled.metadata.shared)
+    return compiled
+
+
+def _compile(kernel, pointers: dict, floats: tuple, constexprs: dict, options: dict) -> int:
+    """``compiled``; the kernel's shared bytes."""
+    return int(compiled(kernel, pointers, floats, constexprs, options).metadata.shared)
 
 
 def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=128, group=4, num_seqs=4, max_q=1,

@@ -46,6 +46,12 @@ try:
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # A barrier across the warps of one warpgroup (``thread_barrier`` in 3.6, ``barrier`` from 3.7 on).
+    thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    # A TMA copy of a block into shared memory (``async_copy_global_to_shared`` up to 3.7, ``async_load`` from 3.8 on;
+    # 3.9 keeps the old name only to raise).
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 except ImportError:  # a Triton without Gluon's Hopper API: the unified kernel runs everything
     gluon = None
 
@@ -125,7 +131,7 @@ if gluon is not None:
         for c in gl.static_range(BLOCK_N // COPY):
             key = j * BLOCK_N + c * COPY
             page = gl.load(bt_row_ptr + gl.minimum(key // PAGE_SIZE, n_pages - 1))
-            tma.async_copy_global_to_shared(desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col], bar,
+            tma_load(desc, [page * PAGE_SIZE + key % PAGE_SIZE, kv_col], bar,
                                             slot.slice(c * COPY, COPY))  # fmt: skip
 
     @gluon.jit
@@ -163,7 +169,7 @@ if gluon is not None:
                         vals = rows.load(fix_layout)
                         rows.store(gl.where((keys < kv_len)[:, None], vals, gl.zeros_like(vals)))
                 fence_async_shared()
-                gl.thread_barrier()
+                thread_barrier()
                 mbarrier.arrive(v_ready.index(s), count=1)
 
     @gluon.jit
@@ -232,7 +238,7 @@ if gluon is not None:
                     qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
                     qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
                     # Every warp of the group is past its reads of the K slot before it is handed back.
-                    gl.thread_barrier()
+                    thread_barrier()
                     mbarrier.arrive(k_empty.index(s), count=1)
                     qk = qk * qk_scale
                     if j >= n_full:
@@ -251,7 +257,7 @@ if gluon is not None:
                     v_tile = v_smem.index(s)
                     acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
                     acc, _ = warpgroup_mma_wait(0, deps=[acc, v_tile])
-                    gl.thread_barrier()
+                    thread_barrier()
                     mbarrier.arrive(v_empty.index(s), count=1)
                 else:
                     # A tile past every row's keys (the program's other warpgroup needs it): released unread.

@@ -1,0 +1,207 @@
+"""Compile every kernel variant the planner can reach, for each GPU family, without a GPU; report JSON.
+
+For each target the launch planner is posed as that GPU (its name, capability, SMs and shared memory; the shipped
+table applies where one names it, the heuristic elsewhere) and ``warmup.reachable_variants`` enumerates what serving
+the models of ``tests.test_variants.MODELS`` (bf16; pages of 16; up to 256 sequences, 32k keys, 8k-token chunks;
+default and batch-invariant mode) can launch. Each distinct compiled kernel among them (attention kernel and, for
+split launches, the reduce kernel) is compiled through Triton's backend for that target. On sm_90 the
+warp-specialized Gluon prefill kernel is compiled too, for each shape the shipped table sends it. Reported per
+compiled kernel: its shared memory (LDS on AMD) against the target's limit and, for the shipped table's kernels, the
+register spills ptxas reports.
+
+Run without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess): ``python -m tests.compile_matrix
+[TARGET ...]`` (default: every target the installed Triton can compile for).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+from triton.backends.compiler import GPUTarget
+
+from tests import compile_sm90, posing
+from tests.test_variants import MODELS
+from triton_paged_ops import warmup
+from triton_paged_ops.kernels import attention, hopper, merge
+
+# name: (the GPU as the planner sees it, compile target). Shared memory: what one program may use (A100 163 KiB,
+# L40S 99 KiB, Hopper and B200 227 KiB, MI300X 64 KiB of LDS, MI355X 160 KiB).
+TARGETS = {
+    "A100": (posing.Gpu("NVIDIA A100-SXM4-80GB", "8.0", "3.6", 166912, 108), GPUTarget("cuda", 80, 32)),
+    "L40S": (posing.Gpu("NVIDIA L40S", "8.9", "3.6", 101376, 142), GPUTarget("cuda", 89, 32)),
+    "H100": (posing.H100, GPUTarget("cuda", 90, 32)),
+    "H200": (posing.H200, GPUTarget("cuda", 90, 32)),
+    "B200": (posing.Gpu("NVIDIA B200", "10.0", "3.6", 232448, 148), GPUTarget("cuda", 100, 32)),
+    "MI300X": (posing.MI300X, GPUTarget("hip", "gfx942", 64)),
+    "MI355X": (posing.Gpu("AMD Instinct MI355X", "9.5", "3.6", 163840, 256, amd=True), GPUTarget("hip", "gfx950", 64)),
+}
+SERVING = dict(dtype=torch.bfloat16, decode_tail=True, lse=True, page_size=16)
+
+
+def _settings(model: dict, invariant: bool) -> warmup.ServingSettings:
+    features = {k: model[k] for k in ("softcap", "window_left", "sinks", "cache_dtype") if k in model}
+    return warmup.ServingSettings(num_q_heads=model["num_q_heads"], num_kv_heads=model["num_kv_heads"],
+                                  head_dim=model["head_dim"], batch_invariant=invariant,
+                                  kv_scale="cache_dtype" in model, **SERVING, **features)  # fmt: skip
+
+
+def _launch_plans(models: list[str]) -> list[tuple[str, attention.LaunchPlan]]:
+    """One launch plan of each distinct compiled attention kernel reachable on the posed GPU serving ``models``,
+    named by where."""
+    plans: dict[tuple, tuple[str, attention.LaunchPlan]] = {}
+    for invariant in (False, True):
+        for name in models:
+            model = MODELS[name]
+            st = _settings(model, invariant)
+            fixed = dict(num_q_heads=st.num_q_heads, num_kv_heads=st.num_kv_heads, head_dim=st.head_dim,
+                         head_dim_v=st.head_dim, page_size=st.page_size, dtype=st.dtype,
+                         cache_dtype=st.cache_dtype or st.dtype, causal=True, window_left=st.window_left,
+                         softcap=st.softcap, has_alibi=False, has_sinks=st.sinks, has_k_scale=st.kv_scale,
+                         has_v_scale=st.kv_scale, has_rows=False, want_lse=True, device_index=0, interpret=False,
+                         batch_invariant=invariant)  # fmt: skip
+            for variant, (batch, q, k, hint) in sorted(warmup.reachable_variants(st, 0, False).items(),
+                                                       key=lambda kv: kv[1]):  # fmt: skip
+                lp = attention.attention_launch_plan(num_seqs=batch, max_seqlen_q=q, max_seqlen_k=k,
+                                                     decode_tail=hint, **fixed)  # fmt: skip
+                mode = "invariant" if invariant else "default"
+                # (The attention kernel's compile key; reduce kernels are told apart in compile_target.)
+                plans.setdefault(variant[:2] + variant[3:], (f"{name} {mode} B{batch} q{q} k{k} hint{hint}", lp))
+    return list(plans.values())
+
+
+def _spills(compiled) -> int | None:
+    """Bytes of spill stores ptxas reports for a compiled CUDA kernel (None elsewhere)."""
+    ptx = compiled.asm.get("ptx")
+    if ptx is None:
+        return None
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    arch = re.search(r"\.target (sm_(\d+)\w*)", ptx)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        # (The ptxas Triton itself compiles this target with.)
+        ptxas = get_ptxas(int(arch.group(2))).path
+        report = subprocess.run([ptxas, f"-arch={arch.group(1)}", "-v", path, "-o", os.path.join(tmp, "k.o")],
+                                capture_output=True, text=True, check=True).stderr  # fmt: skip
+    return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
+
+
+def _attention(name: str, lp: attention.LaunchPlan, dtype: torch.dtype, check_spills: bool) -> dict:
+    f32, cache_dtype = torch.float32, lp.cache_dtype
+    split = lp.split.num_splits > 1
+    pointers = {"q_ptr": dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
+                "out_ptr": f32 if split else dtype, "lse_ptr": f32, "alibi_slopes_ptr": f32, "sinks_ptr": f32,
+                "k_scale_ptr": f32, "v_scale_ptr": f32, "merge_count_ptr": torch.int32, "final_out_ptr": dtype,
+                "final_lse_ptr": f32}  # fmt: skip
+    pointers |= {p: torch.int32 for p in ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr",
+                                          "seq_lens_ptr")}  # fmt: skip
+    compiled = compile_sm90.compiled(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
+                                     lp.constexprs, lp.options)  # fmt: skip
+    out = {"kernel": "attention", "name": name, "config": str(lp.config), "shared": int(compiled.metadata.shared)}
+    if check_spills:
+        out["spills"] = _spills(compiled)
+    return out
+
+
+def _reduce(name: str, lp: attention.LaunchPlan, dtype: torch.dtype, head_dim: int, num_q_heads: int) -> dict:
+    f32 = torch.float32
+    invariant = lp.batch_invariant
+    leaves = lp.config["invariant_segment"] // lp.split.segment_len if invariant else 1
+    rp = merge.reduce_plan(lp.split.num_splits, 4, num_q_heads, head_dim, (0, 0, 0), (0, 0, 0), 4, (0, 0), (0, 0),
+                           invariant, lp.constexprs["LAUNCH_DEPENDENTS"], leaves)  # fmt: skip
+    pointers = {"part_out_ptr": f32, "part_lse_ptr": f32, "out_ptr": dtype, "lse_ptr": f32,
+                "cu_seqlens_q_ptr": torch.int32}  # fmt: skip
+    compiled = compile_sm90.compiled(merge._reduce_splits_kernel, pointers, (), rp.constexprs, rp.options)
+    return {"kernel": "reduce", "name": name, "shared": int(compiled.metadata.shared)}
+
+
+def _gluon(lps: list[tuple[str, attention.LaunchPlan]]) -> list[dict]:
+    """The warp-specialized prefill kernel, compiled for each (shape, tiles) the posed sm_90 GPU launches it with."""
+    if hopper.gluon is None:
+        return []
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel = hopper._ws_prefill_kernel
+    params = kernel.arg_names
+    done, results = set(), []
+    for name, lp in lps:
+        if lp.ws is None:
+            continue
+        model = MODELS[name.split()[0]]
+        block_n, stages, mixed_order = lp.ws
+        head_dim, page_size = model["head_dim"], SERVING["page_size"]
+        constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+                          BLOCK_N=block_n, COPY=hopper.copy_rows(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
+                          HAS_BT_ROWS=False, MIXED_ORDER=mixed_order)  # fmt: skip
+        key = tuple(constexprs.items())
+        if key in done:
+            continue
+        done.add(key)
+        layout = gl.NVMMASharedLayout.get_default_for([constexprs["COPY"], head_dim], gl.bfloat16)
+        desc = f"tensordesc<bf16[{constexprs['COPY']}, {head_dim}],{layout!r}>"
+        typed = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "qk_scale": "fp32"}
+        sig = {p: "constexpr" if p in constexprs else typed.get(p) or ("*i32" if p.endswith("_ptr") else "i32")
+               for p in params}  # fmt: skip
+        src = GluonASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+        compiled = compile_sm90.compile_source(src, {"num_warps": 4, "enable_fp_fusion": True})
+        results.append({"kernel": "gluon prefill", "name": name, "config": str(constexprs),
+                        "shared": int(compiled.metadata.shared), "spills": _spills(compiled)})  # fmt: skip
+    return results
+
+
+def compile_target(target: str, models: list[str]) -> list[dict]:
+    """Every distinct kernel reachable on ``target`` serving ``models``, compiled: one row each."""
+    gpu, compile_target_ = TARGETS[target]
+    compile_sm90.TARGET = compile_target_
+    results = []
+    nvidia_sm90 = not gpu.amd and float(gpu.capability) >= 9
+    with posing.planned_as(gpu):
+        # (Posed as planned for real launches: sm_90+ NVIDIA GPUs chain the reduce as a dependent launch.)
+        attention.dependent_launch_supported = lambda device_index: nvidia_sm90
+        lps = _launch_plans(models)
+        table = gpu is posing.H200
+        reduces = set()
+        for name, lp in lps:
+            model = MODELS[name.split()[0]]
+            results.append(_attention(name, lp, SERVING["dtype"], check_spills=table))
+            if lp.split.num_splits > 1 and not lp.constexprs["MERGE_IN_KERNEL"]:
+                key = lp.variant()[2:] + (lp.batch_invariant, model["head_dim"], lp.constexprs["LAUNCH_DEPENDENTS"])
+                if key not in reduces:
+                    reduces.add(key)
+                    results.append(_reduce(name, lp, SERVING["dtype"], model["head_dim"], model["num_q_heads"]))
+        if gpu.capability == "9.0":
+            results += _gluon(lps)
+    limit = gpu.shared
+    return [r | {"target": target, "limit": limit} for r in results]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.compile_matrix", description=__doc__.split("\n")[0])
+    parser.add_argument("targets", nargs="*", choices=[[], *TARGETS], help="default: all")
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--out", help="write the JSON here (default: stdout)")
+    args = parser.parse_args(argv)
+    results = []
+    for target in args.targets or list(TARGETS):
+        results += compile_target(target, args.models)
+    text = json.dumps(results)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
