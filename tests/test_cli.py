@@ -268,3 +268,41 @@ def test_program_rates_stream_kernel_reads_every_row():
         main(["--config", '{"no_such_key": 1}'])
     with pytest.raises(SystemExit):
         main(["--config", '{"hints": false}'])
+
+
+def test_common_options_go_before_or_after_the_sub_command():
+    from triton_paged_ops.__main__ import _parser
+
+    for argv in (["--seed", "5", "demo"], ["demo", "--seed", "5"]):
+        args = _parser().parse_args(argv)
+        assert args.command == "demo" and args.seed == 5
+    args = _parser().parse_args(["bench", "--device", "cuda:1"])
+    assert args.device == "cuda:1" and args.seed is None
+    assert _parser().parse_args([]).device is None
+
+
+def test_bad_devices_and_cpu_warmup_are_refused_clearly(capsys):
+    assert main(["--device", "tpu"]) == 2
+    assert "--device tpu" in capsys.readouterr().err
+    assert main(["--device", "nonsense:x"]) == 2
+    assert "--device nonsense:x" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert main(["--device", "cuda"]) == 2
+        assert "sees no CUDA/ROCm GPU" in capsys.readouterr().err
+    assert main(["warmup", "--device", "cpu", "--head-dim", "64", "--num-heads", "8", "--num-kv-heads", "2"]) == 2
+    assert "without a GPU there is nothing to compile" in capsys.readouterr().err
+
+
+def test_a_crashing_case_fails_its_row_and_the_rest_still_run(monkeypatch, capsys):
+    from triton_paged_ops import api, selfcheck
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("merge broke\nsecond line")
+
+    cases = selfcheck._attention_cases
+    monkeypatch.setattr(selfcheck, "_attention_cases", lambda on_gpu: cases(on_gpu)[1:2])  # (decode: quick)
+    monkeypatch.setattr(api, "merge_attn_states", crash)
+    assert main(["--seed", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL RuntimeError: merge broke" in out and "second line" not in out
+    assert "reshape_and_cache" in out and "decode" in out and "4 passed, 2 failed" in out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 # The regimes `tune` measures: configs.REGIMES (spelled out: no torch import here).
 _REGIMES = ("decode", "decode_large", "short", "short_narrow", "prefill", "prompts")
@@ -19,11 +20,17 @@ def _parser() -> argparse.ArgumentParser:
         "of cases, error and time. Uses the GPU when there is one; otherwise runs the same Triton kernels on the "
         "CPU through Triton's interpreter, on small shapes.",
     )
-    p.add_argument("--device", default=None, help="torch device to use (default: cuda if available, else cpu)")
-    p.add_argument("--seed", type=int, default=None, help="random seed for the inputs (default: from the clock)")
+    # --device and --seed may come before or after the sub-command (a sub-command's own copy, default unset, wins).
+    common = argparse.ArgumentParser(add_help=False)
+    for parser, default in ((p, None), (common, argparse.SUPPRESS)):
+        parser.add_argument("--device", default=default,
+                            help="torch device to use (default: cuda if available, else cpu)")  # fmt: skip
+        parser.add_argument("--seed", type=int, default=default,
+                            help="random seed for the inputs (default: from the clock; demo and bench: 0)")  # fmt: skip
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
+        parents=[common],
         help="generate with a small Llama-style model through the tpa ops, compiled, checked against the reference",
         description="Prefill random prompts and decode with continuous batching using a Llama-style model with "
         "random weights whose attention runs through torch.ops.tpa, under torch.compile(fullgraph=True); every "
@@ -38,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-compile", action="store_true", help="run the model eagerly")
     tune = sub.add_parser(
         "tune",
+        parents=[common],
         help="measure launch configs on this GPU and write the best to the user config file",
         description="For each (dtype, head dim, regime) group, time every candidate config over representative "
         "shapes, check the winner against the reference, and write it to the user config file (which overrides "
@@ -62,17 +70,19 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--fresh", action="store_true", help="re-tune groups already in the file")
     bench = sub.add_parser(
         "bench",
-        help="the decode or prefill benchmark suite: table, JSON and chart (needs a CUDA GPU)",
-        description="Time paged attention on a suite's cases (--suite decode or prefill; bf16, random data, "
+        parents=[common],
+        help="the decode, short or prefill benchmark suite: table, JSON and chart (needs a CUDA GPU)",
+        description="Time paged attention on a suite's cases (--suite decode, short or prefill; bf16, random data, "
         "pages randomly permuted, CUDA-graph replay, median) beside dense contiguous SDPA on the same shapes and the "
         "measured HBM read bandwidth, all from the same run. Prints a table and writes JSON and a bar chart (KV TB/s "
         "and TFLOP/s per case against the ceiling).",
     )
     from triton_paged_ops.bench import add_bench_arguments
 
-    add_bench_arguments(bench, out_default="tpa_bench.json", png_default="tpa_bench.png")
+    add_bench_arguments(bench, out_default="tpa_bench.json", png_default="tpa_bench.png", seed=False)
     wu = sub.add_parser(
         "warmup",
+        parents=[common],
         help="compile every kernel variant that serving with the given settings can use, before serving",
         description="Enumerate the attention and cache-write kernel variants that batches within the given limits "
         "can launch (from the launch planner itself) and compile each once on tiny tensors, so that serving never "
@@ -108,7 +118,25 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as e:
+        print(f"--device {device}: {e}", file=sys.stderr)
+        return 2
+    if kind not in ("cpu", "cuda"):
+        print(f"--device {device}: the ops run on CUDA (NVIDIA or ROCm) GPUs or, interpreted, on the CPU",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if kind == "cuda" and not torch.cuda.is_available():
+        print(f"--device {device}: this machine's torch sees no CUDA/ROCm GPU (torch {torch.__version__}); "
+              "leave --device out to run on the CPU", file=sys.stderr)  # fmt: skip
+        return 2
+    if args.command == "warmup" and kind == "cpu":
+        # (Triton's interpreter compiles nothing: warming up would only run every variant slowly.)
+        print("warmup compiles GPU kernels ahead of serving: without a GPU there is nothing to compile",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if kind == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         # Kernels read TRITON_INTERPRET when they are defined, which already happened on import of this package:
         # start again with it set so the CPU check exercises the kernels rather than the reference.
         os.environ["TRITON_INTERPRET"] = "1"
@@ -164,7 +192,15 @@ def main(argv: list[str] | None = None) -> int:
             sinks=args.sinks, kv_scale=args.kv_scale, block_table_rows=args.block_table_rows, lse=args.lse,
             batch_invariant=args.batch_invariant, decode_tail=args.decode_tail,
         )  # fmt: skip
-        report = warmup(settings, device)
+        print(f"warm-up: enumerating the variants of {settings}", flush=True)
+        last = [time.perf_counter()]
+
+        def progress(done: int, total: int) -> None:
+            if done == total or time.perf_counter() - last[0] > 10:
+                last[0] = time.perf_counter()
+                print(f"  {done}/{total} variants compiled", flush=True)
+
+        report = warmup(settings, device, progress)
         print(f"warm-up: {report.variants} attention variants ({report.calls} op calls) in {report.seconds:.1f} s")
         return 0
 

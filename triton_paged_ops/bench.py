@@ -498,9 +498,10 @@ def run_benchmark(
     return 0
 
 
-def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> None:
+def add_bench_arguments(p, out_default: str | None, png_default: str | None, seed: bool = True) -> None:
     """The benchmark's command-line flags (shared by ``python -m triton_paged_ops bench`` and
-    ``python -m benchmarks.decode`` / ``benchmarks.prefill``)."""
+    ``python -m benchmarks.decode`` / ``benchmarks.prefill``; ``seed``: add ``--seed``, which the package's command
+    line has for every sub-command)."""
     p.add_argument("--suite", choices=sorted(SUITES), default="decode",
                    help="decode (one new token per sequence), short (4-16 new tokens per sequence on long "
                    "contexts: speculative verification) or prefill (causal prefill, chunked prefill on a prefix, a "
@@ -512,7 +513,8 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None) -> 
     p.add_argument("--no-sdpa", action="store_true", help="skip the same-run dense SDPA comparison")
     p.add_argument("--batch-invariant", action="store_true",
                    help="also time batch-invariant mode on the same inputs (provider tpa_invariant)")  # fmt: skip
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    if seed:
+        p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--no-hints", action="store_true",
                    help="call without the decode_tail layout hint (by default each passes its batch's)")  # fmt: skip
     p.add_argument("--config", default=None, metavar="K=V,...",
@@ -530,5 +532,5 @@ def bench_command(args, prog: str, argv: list[str] | None) -> int:
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    return run_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed, prog, argv,
+    return run_benchmark(args.out, args.png, args.only, not args.no_sdpa, config, args.seed or 0, prog, argv,
                          args.batch_invariant, args.suite, not args.no_hints)  # fmt: skip

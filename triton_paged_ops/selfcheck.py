@@ -7,6 +7,7 @@ interpreter on small shapes in fp32 and fp16 (the test suite covers bf16 there t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ class Row:
     rel_err: float
     time_ms: float
     ok: bool
+    error: str = ""  # the exception a case raised, if it raised one
 
 
 def _attention_cases(on_gpu: bool) -> list[tuple[str, dict]]:
@@ -81,32 +83,43 @@ def run_selfcheck(device: str | None = None, seed: int | None = None) -> list[Ro
     dtypes = (torch.bfloat16, torch.float16) if on_gpu else (torch.float32, torch.float16)
     rows: list[Row] = []
     for dtype in dtypes:
-        for name, c in _attention_cases(on_gpu):
-            kw = dict(c.get("kw", {}))
-            hq = c["hq"]
-            q_lens, kv_lens = [ql for ql, _ in c["seqs"]], [kv for _, kv in c["seqs"]]
-            args = random_paged_batch(
-                q_lens, kv_lens, num_q_heads=hq, num_kv_heads=c["hkv"], head_dim=c["d"], head_dim_v=c["dv"],
-                page_size=c["page_size"], dtype=dtype, device=device, generator=gen, strided=c.get("strided", False),
-                spare_pages=2,
-            ).args  # fmt: skip
-            if kw.pop("alibi", False):
-                kw["alibi_slopes"] = torch.rand(hq, generator=gen, device=device) * 0.1
-            if kw.pop("sinks", False):
-                kw["sinks"] = torch.randn(hq, generator=gen, device=device)
-            if kw.pop("kv_scale", False):
-                kw["k_scale"] = torch.tensor([0.8], device=device)
-                kw["v_scale"] = torch.tensor([1.25], device=device)
-            (out, lse), ms = _timed(lambda a=args, k=kw: api.paged_attention_with_lse(*a, **k), on_gpu)
-            ref_out, ref_lse = reference.paged_attention_with_lse(*args[:6], args[8], **kw)
-            err = _rel(out, ref_out)
-            lse_ok = torch.allclose(lse, ref_lse, rtol=1e-3, atol=1e-3)
-            shape = f"T={args[0].shape[0]} B={len(c['seqs'])} Hq={hq} Hkv={c['hkv']} D={c['d']} ps={c['page_size']}"
-            rows.append(Row(name, "paged_attention", str(dtype).replace("torch.", ""), shape, err, ms,
-                            err <= TOLERANCE[dtype] and lse_ok and not out.isnan().any()))  # fmt: skip
-        rows.append(_check_cache(dtype, device, gen, on_gpu))
-        rows.append(_check_merge(dtype, device, gen, on_gpu))
+        checks = [functools.partial(_check_attention, name, c, dtype, device, gen, on_gpu)
+                  for name, c in _attention_cases(on_gpu)]  # fmt: skip
+        checks += [functools.partial(_check_cache, dtype, device, gen, on_gpu),
+                   functools.partial(_check_merge, dtype, device, gen, on_gpu)]  # fmt: skip
+        for check in checks:
+            try:
+                rows.append(check())
+            except Exception as e:  # a crash fails its row; the other cases still run
+                case = check.args[0] if check.func is _check_attention else check.func.__name__.removeprefix("_check_")
+                rows.append(Row(case, "", str(dtype).replace("torch.", ""), "", float("nan"), float("nan"), False,
+                                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))  # fmt: skip
     return rows
+
+
+def _check_attention(name: str, c: dict, dtype, device, gen, on_gpu) -> Row:
+    kw = dict(c.get("kw", {}))
+    hq = c["hq"]
+    q_lens, kv_lens = [ql for ql, _ in c["seqs"]], [kv for _, kv in c["seqs"]]
+    args = random_paged_batch(
+        q_lens, kv_lens, num_q_heads=hq, num_kv_heads=c["hkv"], head_dim=c["d"], head_dim_v=c["dv"],
+        page_size=c["page_size"], dtype=dtype, device=device, generator=gen, strided=c.get("strided", False),
+        spare_pages=2,
+    ).args  # fmt: skip
+    if kw.pop("alibi", False):
+        kw["alibi_slopes"] = torch.rand(hq, generator=gen, device=device) * 0.1
+    if kw.pop("sinks", False):
+        kw["sinks"] = torch.randn(hq, generator=gen, device=device)
+    if kw.pop("kv_scale", False):
+        kw["k_scale"] = torch.tensor([0.8], device=device)
+        kw["v_scale"] = torch.tensor([1.25], device=device)
+    (out, lse), ms = _timed(lambda a=args, k=kw: api.paged_attention_with_lse(*a, **k), on_gpu)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*args[:6], args[8], **kw)
+    err = _rel(out, ref_out)
+    lse_ok = torch.allclose(lse, ref_lse, rtol=1e-3, atol=1e-3)
+    shape = f"T={args[0].shape[0]} B={len(c['seqs'])} Hq={hq} Hkv={c['hkv']} D={c['d']} ps={c['page_size']}"
+    return Row(name, "paged_attention", str(dtype).replace("torch.", ""), shape, err, ms,
+               err <= TOLERANCE[dtype] and lse_ok and not out.isnan().any())  # fmt: skip
 
 
 def _check_cache(dtype, device, gen, on_gpu) -> Row:
@@ -141,8 +154,8 @@ def _check_merge(dtype, device, gen, on_gpu) -> Row:
 
 def format_table(rows: list[Row]) -> str:
     header = ("case", "op", "dtype", "shape", "rel err", "time ms", "status")
-    body = [(r.case, r.op, r.dtype, r.shape, f"{r.rel_err:.2e}", f"{r.time_ms:.3f}", "ok" if r.ok else "FAIL")
-            for r in rows]  # fmt: skip
+    body = [(r.case, r.op, r.dtype, r.shape, f"{r.rel_err:.2e}", f"{r.time_ms:.3f}",
+             "ok" if r.ok else f"FAIL {r.error}".strip()) for r in rows]  # fmt: skip
     widths = [max(len(x[i]) for x in [header, *body]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in [header, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))

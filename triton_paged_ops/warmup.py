@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+from collections.abc import Callable
 
 import torch
 import triton
@@ -175,8 +176,10 @@ def _prefill_splits(found: dict, fixed: dict, max_query: int, max_batch: int, ma
                     found.setdefault(lp.variant(), (b, q, k))
 
 
-def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> WarmupReport:
-    """Compile every attention and cache-write variant that serving with ``settings`` can launch."""
+def warmup(settings: ServingSettings, device: str | torch.device = "cuda",
+           progress: Callable[[int, int], None] | None = None) -> WarmupReport:  # fmt: skip
+    """Compile every attention and cache-write variant that serving with ``settings`` can launch; ``progress(done,
+    total)`` is called after each attention variant."""
     device = torch.device(device)
     interpret = device.type == "cpu"
     device_index = None if interpret else (device.index if device.index is not None else torch.cuda.current_device())
@@ -217,6 +220,8 @@ def warmup(settings: ServingSettings, device: str | torch.device = "cuda") -> Wa
         api.paged_attention_out(q, k_cache, v_cache, table, cu, seq_lens, q_bound, k_bound, head_dim**-0.5, **kw,
                                 decode_tail=-1 if hint < 0 else hint and batch - 1, out=out, lse=lse_buf)  # fmt: skip
         calls += 1
+        if progress is not None:
+            progress(calls, len(found))
     key = torch.randn(1, num_kv_heads, head_dim, device=device).to(dtype)
     value = torch.randn(1, num_kv_heads, dv, device=device).to(dtype)
     for slot_dtype in (torch.int32, torch.int64):
