@@ -118,7 +118,7 @@ def run_out_variant(p, **extra):
 def test_matches_reference(spec):
     p = build(spec, DEVICE)
     out, lse = run_out_variant(p)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
     # Padding rows past cu_seqlens_q[-1] are not written.
@@ -158,7 +158,7 @@ def test_clamped_page_guard_changes_nothing_on_a_valid_table(spec):
             tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
         results.append((out, lse))
     (out, lse), (out2, lse2) = results
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     assert_close_to_reference(out2, lse2, ref_out, ref_lse, spec.dtype, n)
     if DEVICE == "cpu":
@@ -265,7 +265,7 @@ def test_split_kv_boundaries(page_size, num_splits, block_n):
                 spare_pages=1, extra_cols=0, tiles=(16, block_n), seed=page_size, num_splits=num_splits)  # fmt: skip
     p = build(spec, DEVICE)
     out, lse = run_out_variant(p)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
     assert out[p.num_real_tokens :].isnan().all()
 
@@ -282,7 +282,7 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
                 extra_cols=0, tiles=None, seed=5, num_splits=None)  # fmt: skip
     p = build(spec, DEVICE)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     got = {}
     for merge in (1, 2):
@@ -343,7 +343,7 @@ def test_planner_splits_a_small_prefill_chunk_over_a_long_context(causal):
     lp = _launch_plan(p)
     assert p.max_seqlen_q > MAX_SPLIT_Q_LEN and lp.split.num_splits > 1
     out, lse = run_out_variant(p)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
     assert out[p.num_real_tokens :].isnan().all()
 
@@ -367,7 +367,7 @@ def test_mixed_batch_prefill_chunks_and_decodes(tiles, window_left, num_splits):
     assert lp.constexprs["SMALL_M"] == 16 and lp.constexprs["BLOCK_M"] > 16
     assert not lp.one_block and lp.block_q < 45
     out, lse = run_out_variant(p)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
     assert out[p.num_real_tokens :].isnan().all()
 
@@ -389,7 +389,7 @@ def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_sp
         lp = _launch_plan(p)
         assert lp.constexprs["SMALL_M"] == 16 and lp.constexprs["SMALL_N"] == (64 if num_splits is None else 16)
         tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
     assert out[p.num_real_tokens :].isnan().all()
 
@@ -422,7 +422,7 @@ def test_block_copies_through_tensor_descriptors(page_size, window_left, num_spl
             assert _launch_plan(p).constexprs["KV_DESC"] == (loads == 2)
             tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
         results.append((out, lse))
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     out, lse = results[1]
     assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, n)
     assert out[n:].isnan().all()
@@ -436,7 +436,7 @@ def test_block_copies_fall_back_to_gathers_off_16_byte_addresses(monkeypatch):
     gen = torch.Generator(device=DEVICE).manual_seed(3)
     b = random_paged_batch([20, 12], [40, 30], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
                            dtype=torch.float16, device=DEVICE, generator=gen)  # fmt: skip
-    ref = reference.paged_attention(*b.args[:6], b.scale)
+    ref = reference.paged_attention(*b.args[:9])
     flat = torch.empty(2 * b.k_cache.numel() + 8, dtype=torch.float16, device=DEVICE)
     caches = []
     for offset in (0, 1):
@@ -484,7 +484,7 @@ def test_matches_reference_large_bf16(spec):
     """Larger bf16 problems on the GPU: long prefills and contexts, many sequences."""
     p = build(spec, DEVICE)
     out, lse = run_out_variant(p)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
 
 
@@ -526,7 +526,7 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     out = torch.full((p.q.shape[0], 32, head_dim), float("nan"), dtype=p.q.dtype, device=DEVICE)
     lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
     tpa.paged_attention_out(*p.args, **extra, decode_tail=hint, out=out, lse=lse)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], p.scale, **extra)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **extra)
     assert_close_to_reference(out, lse, ref_out, ref_lse, torch.bfloat16, sum(q_lens))
 
 
@@ -552,7 +552,7 @@ def test_fp8_decode_of_batches_that_fill_the_gpu(data):
     out = torch.full((p.q.shape[0], p.q.shape[1], 128), float("nan"), dtype=p.q.dtype, device=DEVICE)
     lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
     tpa.paged_attention_out(*p.args, **scales, out=out, lse=lse)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], p.scale, **scales)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **scales)
     assert_close_to_reference(out, lse, ref_out, ref_lse, torch.bfloat16, batch)
 
 
@@ -607,7 +607,7 @@ def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True, ca
     arguments per run): every run close to the reference, and (``same_bits``) all of them bitwise equal."""
     spec = p.spec
     t, hq = p.q.shape[:2]
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     got = []
     for cfg, extra in zip(overrides, calls or [{}] * len(overrides), strict=True):

@@ -118,7 +118,7 @@ def test_rows_bitwise_invariant(case):
     with _override(tiles):
         tpa.paged_attention_out(*p.args[:6], p.max_seqlen_q + slack_q, p.max_seqlen_k + slack_k, spec.scale,
                                 **p.kwargs, batch_invariant=True, out=out, lse=lse)  # fmt: skip
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
 
     q_len, kv_len = spec.q_lens[b], spec.kv_lens[b]
@@ -219,7 +219,7 @@ def test_leaf_programs_give_the_segment_programs_bits(window_left):
         want = {(1, 1): (5, 64, 4), (3, 1): (19, 16, 1), (1, 17): (1, 64, 4)}[(programs, max_q)]
         assert (lp.split.num_splits, lp.split.segment_len, lp.constexprs["LEAVES"]) == want
         got.append((out, lse))
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     for out, lse in got:
         assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)

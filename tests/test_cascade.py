@@ -66,7 +66,8 @@ def test_cascade_equals_plain_paged_attention(case):
                                 max(case["suffix_lens"]), d**-0.5, **kw)  # fmt: skip
     # The same requests as plain paged attention: the prefix pages, then each request's own pages.
     full = torch.cat([prefix.view(1, -1).expand(len(own_pages), -1), own], dim=1)
-    want = reference.paged_attention(q, k_cache, v_cache, full, cu, suffix + prefix_len, d**-0.5, **kw)
+    want = reference.paged_attention(q, k_cache, v_cache, full, cu, suffix + prefix_len, max(case["q_lens"]),
+                                     max(case["suffix_lens"]) + prefix_len, d**-0.5, **kw)  # fmt: skip
     err = (out.float() - want.float()).norm() / want.float().norm()
     assert err <= TOL[dtype], f"relative error {err:.2e}"
 
@@ -84,7 +85,7 @@ def test_prefix_level_in_any_chunking_is_attention_over_the_prefix(chunk):
     one_each = torch.arange(tokens + 1, dtype=torch.int32, device=DEVICE)
     lens = torch.full((tokens,), prefix_len, dtype=torch.int32, device=DEVICE)
     want, want_lse = reference.paged_attention_with_lse(q, k_cache, v_cache, prefix.view(1, -1).expand(tokens, -1),
-                                                        one_each, lens, 0.125, causal=False)  # fmt: skip
+                                                        one_each, lens, 1, prefix_len, 0.125, causal=False)  # fmt: skip
     assert (out - want).norm() / want.norm() <= TOL[torch.float32]
     assert torch.allclose(lse, want_lse, atol=1e-4)
 

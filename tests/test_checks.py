@@ -251,13 +251,14 @@ def test_out_of_range_page_ids_do_not_fault_without_debug(guard, block_n, bad_id
     if guard == 1:
         # Each query saw keys 0..15 and its own page is gone: all four see exactly keys 0..15.
         want0 = reference.paged_attention(q[:4], k, v, good_table[:1], cu1, torch.tensor([16], dtype=I32,
-                                          device=DEVICE), args["scale"], causal=False)  # fmt: skip
+                                          device=DEVICE), 4, 16, args["scale"], causal=False)  # fmt: skip
     else:
         table = good_table[:1].clone()
         table[0, 1] = 0
-        want0 = reference.paged_attention(q[:4], k, v, table, cu1, args["seq_lens"][:1], args["scale"])
+        want0 = reference.paged_attention(q[:4], k, v, table, cu1, args["seq_lens"][:1], 4, args["max_seqlen_k"],
+                                          args["scale"])  # fmt: skip
     want1 = reference.paged_attention(q[4:], k, v, good_table[1:], torch.tensor([0, 1], dtype=I32, device=DEVICE),
-                                      args["seq_lens"][1:], args["scale"])  # fmt: skip
+                                      args["seq_lens"][1:], 1, args["max_seqlen_k"], args["scale"])  # fmt: skip
     torch.testing.assert_close(out[:4], want0, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out[4:], want1, rtol=1e-4, atol=1e-4)
 

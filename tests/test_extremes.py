@@ -50,7 +50,7 @@ def test_large_logits_through_split_merges(num_splits, invariant, dtype):
     cfg = {"num_splits": num_splits} if not invariant else {"BLOCK_N": 16, "invariant_segment": 32}
     with attention_config_override(**cfg):
         out, lse = _attend(pb, batch_invariant=invariant)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*pb.args[:6], pb.scale)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*pb.args[:9])
     assert ref_lse.abs().max() > 100, "the case must have large logits"
     assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, int(pb.cu_seqlens_q[-1]))
 
@@ -92,7 +92,7 @@ def test_cascade_with_large_logits_equals_plain_attention(q_scale):
     out = cascade_attention(pb.q, pb.k_cache, pb.v_cache, prefix_pages, prefix_len, own_table, pb.cu_seqlens_q,
                             torch.tensor(own_k, dtype=torch.int32, device=DEVICE), max(own_q), max(own_k),
                             pb.scale)  # fmt: skip
-    ref = reference.paged_attention(pb.q, pb.k_cache, pb.v_cache, table, pb.cu_seqlens_q, pb.seq_lens, pb.scale)
+    ref = reference.paged_attention(pb.q, pb.k_cache, pb.v_cache, table, *pb.args[4:9])
     tol = TOLERANCE[torch.float32]
     err = (out - ref).norm() / ref.norm()
     assert err <= tol["rel"], f"relative error {err:.2e}"
@@ -104,10 +104,10 @@ def test_huge_softcap_is_no_cap(softcap):
     form of tanh lost a tenth of each logit at a cap of 1e7)."""
     pb = _batch([3, 1], [40, 70], seed=3)
     out, lse = _attend(pb, softcap=softcap)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*pb.args[:6], pb.scale, softcap=softcap)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*pb.args[:9], softcap=softcap)
     assert_close_to_reference(out, lse, ref_out, ref_lse, torch.float32, 4)
     if softcap >= 1e7:
-        plain_out, plain_lse = reference.paged_attention_with_lse(*pb.args[:6], pb.scale)
+        plain_out, plain_lse = reference.paged_attention_with_lse(*pb.args[:9])
         assert_close_to_reference(out, lse, plain_out, plain_lse, torch.float32, 4)
 
 
@@ -121,12 +121,11 @@ def test_reference_page_ids_and_slots_outside_the_cache_follow_the_kernels():
     bad[1, 0] = pb.k_cache.shape[0] + 5
     with attention_config_override(page_guard=2):
         out, lse = _attend(type(pb)(**{**pb.__dict__, "block_table": bad}))
-    ref_out, ref_lse = reference.paged_attention_with_lse(pb.q, pb.k_cache, pb.v_cache, bad, pb.cu_seqlens_q,
-                                                          pb.seq_lens, pb.scale)  # fmt: skip
+    ref_out, ref_lse = reference.paged_attention_with_lse(pb.q, pb.k_cache, pb.v_cache, bad, *pb.args[4:9])
     assert_close_to_reference(out, lse, ref_out, ref_lse, torch.float32, 3)
     page0 = pb.block_table.clone()
     page0[0, 1] = page0[1, 0] = 0
-    want = reference.paged_attention(pb.q, pb.k_cache, pb.v_cache, page0, pb.cu_seqlens_q, pb.seq_lens, pb.scale)
+    want = reference.paged_attention(pb.q, pb.k_cache, pb.v_cache, page0, *pb.args[4:9])
     assert torch.equal(ref_out, want)
 
     k_cache, v_cache = pb.k_cache.clone(), pb.v_cache.clone()
@@ -185,3 +184,23 @@ def test_calls_from_several_threads_match_serial_calls():
     for got, want in zip(threaded, serial * 2):
         for a, b in zip(got, want):
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def test_reference_takes_the_ops_arguments():
+    """One signature: a call written for ``tpa.paged_attention_with_lse`` binds the same values in the reference,
+    which checks the bounds it is given."""
+    import inspect
+
+    import triton_paged_ops as tpa
+
+    def shape(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    assert shape(reference.paged_attention_with_lse) == shape(tpa.paged_attention_with_lse)
+    assert shape(reference.paged_attention) == shape(tpa.paged_attention)
+    pb = _batch([3, 1], [40, 70], seed=6)
+    q, k, v, bt, cu, lens, max_q, max_k, scale = pb.args
+    with pytest.raises(ValueError, match="max_seqlen_q=2 is below a query length"):
+        reference.paged_attention(q, k, v, bt, cu, lens, 2, max_k, scale)
+    with pytest.raises(ValueError, match="max_seqlen_k=69 is below a sequence length"):
+        reference.paged_attention(q, k, v, bt, cu, lens, max_q, 69, scale)

@@ -164,7 +164,7 @@ def test_matches_reference(data):
         assert lp.ws is not None, "the launch should take the warp-specialized kernel"
         out = torch.full((p.q.shape[0], group * num_kv_heads, head_dim), float("nan"), dtype=dtype, device=DEVICE)
         tpa.paged_attention_out(*p.args, causal=causal, decode_tail=hint, out=out, **extra)
-    ref = reference.paged_attention(*p.args[:6], p.scale, causal=causal, **extra)
+    ref = reference.paged_attention(*p.args[:9], causal=causal, **extra)
     assert_close_to_reference(out, None, ref, None, dtype, sum(q_lens))
 
 

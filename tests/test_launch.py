@@ -120,7 +120,7 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context, merge):
                 use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
                 extra_cols=0, tiles=None, seed=3)  # fmt: skip
     p = build(spec, "cuda")
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     short = attention._launch_attention.short_launches, merge_kernels._launch_reduce.short_launches
     was = checks.debug_mode()
     checks.set_debug_mode(True)  # each short launch also checks Triton's own choice of compiled kernel
@@ -182,7 +182,7 @@ def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, 
         finally:
             checks.set_debug_mode(was)
         assert taken == {"attention": 0, "reduce": 0}
-        ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+        ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
         assert_close_to_reference(want["aligned"][0], want["aligned"][1], ref_out, ref_lse, spec.dtype, n)
         attention.PREPARED.clear()
         side = torch.cuda.Stream()
@@ -215,7 +215,7 @@ def _small_problem(device, seed=5):
 def test_repeated_metadata_reuses_the_prepared_launch_and_new_metadata_is_checked_again():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec, p = _small_problem(device)
-    ref = reference.paged_attention(*p.args[:6], spec.scale, **p.kwargs)
+    ref = reference.paged_attention(*p.args[:9], **p.kwargs)
     rows = p.num_real_tokens
     attention.PREPARED.clear()
     first = tpa.paged_attention(*p.args, **p.kwargs)
@@ -230,15 +230,15 @@ def test_repeated_metadata_reuses_the_prepared_launch_and_new_metadata_is_checke
     q2 = torch.randn_like(p.q)
     got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
     assert len(attention.PREPARED) == 1
-    want = reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs)
+    want = reference.paged_attention(q2, *p.args[1:9], **p.kwargs)
     assert_close_to_reference(got, None, want, None, spec.dtype, rows)
 
     # A host value that changes the result (scale) is part of the key: a second entry, the right answer.
     q, k, v, bt, cu, lens, max_q, max_k, _ = p.args
     got = tpa.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, 0.05, **p.kwargs)
     assert len(attention.PREPARED) == 2
-    assert_close_to_reference(got, None, reference.paged_attention(q, k, v, bt, cu, lens, 0.05, **p.kwargs), None,
-                              spec.dtype, rows)  # fmt: skip
+    want = reference.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, 0.05, **p.kwargs)
+    assert_close_to_reference(got, None, want, None, spec.dtype, rows)
 
     # After hits, invalid metadata still meets the checks (and adds no entry).
     with pytest.raises(TypeError, match="block_table"):
@@ -280,7 +280,7 @@ def test_a_growing_max_seqlen_k_reuses_one_prepared_launch_and_still_meets_its_c
     q, k, v, bt, cu, lens, max_q, max_k, scale = p.args
     capacity = bt.shape[1] * spec.page_size
     assert max_k == 250 and capacity == 264 and key_bound(capacity + 1) == key_bound(capacity - 3) > capacity
-    ref = reference.paged_attention(q, k, v, bt, cu, lens, scale, **p.kwargs)
+    ref = reference.paged_attention(*p.args, **p.kwargs)
     attention.PREPARED.clear()
     first = tpa.paged_attention(*p.args, **p.kwargs)
     assert_close_to_reference(first, None, ref, None, spec.dtype, 2)
@@ -329,13 +329,13 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
         del attention._scratch_buffers()[key]
     with attention.attention_config_override(BLOCK_N=16, num_splits=2):
         got = tpa.paged_attention(*p.args, **p.kwargs)
-        assert_close_to_reference(got, None, reference.paged_attention(*p.args[:6], spec.scale, **p.kwargs), None,
+        assert_close_to_reference(got, None, reference.paged_attention(*p.args[:9], **p.kwargs), None,
                                   spec.dtype, rows)  # fmt: skip
         (buf,) = _workspaces().values()
         # Other contents, same metadata: the same buffer again, the right answer for the new query.
         q2 = torch.randn_like(p.q)
         got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
-        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
+        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:9], **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
         assert list(_workspaces().values()) == [buf]
         # A call needing more than the buffer holds replaces it; the first shape then runs on the new one.
@@ -348,10 +348,10 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
             got_big = tpa.paged_attention(*big.args, **big.kwargs)
         (grown,) = _workspaces().values()
         assert grown.numel() > buf.numel()
-        want_big = reference.paged_attention(*big.args[:6], big_spec.scale, **big.kwargs)
+        want_big = reference.paged_attention(*big.args[:9], **big.kwargs)
         assert_close_to_reference(got_big, None, want_big, None, big_spec.dtype, big.num_real_tokens)
         got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
-        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
+        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:9], **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
     # Traced launches (wrap) and launches on other streams than the default one get their own buffer.
     t = p.q
@@ -381,7 +381,7 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
                 got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
         torch.cuda.synchronize()
         assert before == {k: id(v) for k, v in attention._scratch_buffers().items()}
-        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:6], spec.scale, **p.kwargs),
+        assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:9], **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
 
 
@@ -395,7 +395,7 @@ def test_segments_past_a_sequence_end_leave_their_outputs_unread(invariant):
                 use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=1,
                 extra_cols=0, tiles=None, seed=13)  # fmt: skip
     p = build(spec, device)
-    want, want_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    want, want_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     cfg = dict(BLOCK_N=16, invariant_segment=64) if invariant else dict(BLOCK_N=16, num_splits=4)
     with attention.attention_config_override(**cfg):
         first = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
@@ -469,7 +469,7 @@ def test_dependent_reduce_launch_gives_the_plain_launchs_bits():
                         call()
                     runs.append((out[:n].clone(), lse[:n].clone()))
             results[mode] = runs
-    want, want_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    want, want_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(results[2][-1][0], results[2][-1][1], want, want_lse, spec.dtype, n)
     for (a, a_lse), (b, b_lse) in zip(results[1], results[2]):
         assert torch.equal(a, b) and torch.equal(a_lse, b_lse)

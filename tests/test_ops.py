@@ -333,7 +333,7 @@ def test_ops_on_a_gpu_that_is_not_the_current_device():
              head_dim_v=128, group=4)  # fmt: skip
     p = build(s, "cuda:1")
     torch.cuda.set_device(0)
-    want = reference.paged_attention(*p.args[:6], s.scale, **p.kwargs)
+    want = reference.paged_attention(*p.args[:9], **p.kwargs)
     for _ in range(2):
         got = tpa.paged_attention(*p.args, **p.kwargs)
         assert got.device == p.q.device and torch.cuda.current_device() == 0

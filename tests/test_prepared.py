@@ -96,7 +96,7 @@ def test_optional_tensors_in_other_slots_get_their_own_launch():
     for kw in ({"alibi_slopes": extra}, {"sinks": extra}, {"alibi_slopes": extra}):
         kwargs = {**p.kwargs, "alibi_slopes": None, "sinks": None, **kw}
         got = tpa.paged_attention(*p.args, **kwargs)
-        want = reference.paged_attention(*p.args[:6], p.args[8], **kwargs)
+        want = reference.paged_attention(*p.args[:9], **kwargs)
         assert_close_to_reference(got, None, want, None, torch.float16, p.num_real_tokens)
     assert len(attention.PREPARED) == 2
 

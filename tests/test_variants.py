@@ -44,7 +44,7 @@ def _run(p, kwargs: dict, *, batch_invariant: bool = False, decode_tail: int = -
                             lse=lse)  # fmt: skip
     out_guards()
     lse_guards()
-    ref_out, ref_lse = reference.paged_attention_with_lse(*args[:6], p.scale, **kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*args[:9], **kwargs)
     return out, lse, ref_out, ref_lse
 
 
@@ -137,7 +137,7 @@ def test_matches_reference_as_planned_on_gpus(pose, spec, invariant, hint):
     tail = decode_tail_of(spec.q_lens) if hint else -1
     with posing.planned_as(posing.POSES[pose]):
         out, lse = run_out_variant(p, batch_invariant=invariant, decode_tail=tail)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:6], spec.scale, **p.kwargs)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
     assert out[n:].isnan().all() and lse[n:].isnan().all()
@@ -268,7 +268,7 @@ def test_big_groups_on_the_gpu_fast_paths(path, hq, hkv, head_dim, q_lens, ctx_l
     t = pb.q.shape[0]
     out = torch.full((t, hq, head_dim), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     tpa.paged_attention_out(*pb.args, **kwargs, batch_invariant=invariant, out=out)
-    ref = reference.paged_attention(*pb.args[:6], pb.scale, **kwargs)
+    ref = reference.paged_attention(*pb.args[:9], **kwargs)
     n = sum(q_lens)
     err = ((out[:n].float() - ref[:n].float()).norm() / ref[:n].float().norm()).item()
     assert not out[:n].isnan().any() and err <= 1e-2, f"relative error {err:.2e}"

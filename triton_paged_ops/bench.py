@@ -189,7 +189,7 @@ def check_case(inp: Inputs, max_seqs: int = 4, batch_invariant: bool = False) ->
     n_tok = int(cu[max_seqs]) if len(seq_lens) > max_seqs else q.shape[0]
     sub = slice(0, min(max_seqs, len(seq_lens)))
     ref = reference.paged_attention(q[:n_tok], k_cache, v_cache, block_table[sub], cu[: sub.stop + 1],
-                                    seq_lens[sub], scale, **inp.kwargs)  # fmt: skip
+                                    seq_lens[sub], mq, mk, scale, **inp.kwargs)  # fmt: skip
     got = inp.out[:n_tok].float()
     if got.isnan().any():
         return float("inf")

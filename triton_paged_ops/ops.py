@@ -93,8 +93,9 @@ def _attention_into(
         )  # fmt: skip
     # (The reference attends each sequence on its own, in fp32: batch-invariant already.)
     ref_out, ref_lse = reference.paged_attention_with_lse(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, scale, causal, window_left, softcap,
-        alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
+        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal=causal,
+        window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale,
+        v_scale=v_scale, block_table_rows=block_table_rows,
     )  # fmt: skip
     # The reference writes every row; the kernels leave rows past cu_seqlens_q[-1] alone. Match that.
     n = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0

@@ -7,6 +7,7 @@ Layouts and semantics are those documented on :func:`triton_paged_ops.paged_atte
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -32,7 +33,10 @@ def paged_attention_with_lse(
     block_table: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
     scale: float,
+    *,
     causal: bool = True,
     window_left: int = -1,
     softcap: float = 0.0,
@@ -41,11 +45,22 @@ def paged_attention_with_lse(
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     block_table_rows: torch.Tensor | None = None,
+    batch_invariant: bool = False,
+    decode_tail: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference paged attention. Returns ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32, natural log).
+    """Reference paged attention with the arguments of ``tpa.paged_attention_with_lse`` (the same call binds the same
+    values). Returns ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32, natural log).
 
-    Rows with no visible key get ``out = 0`` and ``lse = -inf`` (or the sink logit when ``sinks`` is given).
+    Rows with no visible key get ``out = 0`` and ``lse = -inf`` (or the sink logit when ``sinks`` is given). The
+    bounds must hold (a ValueError says which does not); ``batch_invariant`` and ``decode_tail`` change nothing here
+    (this computes each row alone, exactly).
     """
+    del batch_invariant, decode_tail
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+    if q_lens and max(q_lens) > max_seqlen_q:
+        raise ValueError(f"max_seqlen_q={max_seqlen_q} is below a query length ({max(q_lens)})")
+    if seq_lens.numel() and int(seq_lens.max()) > max_seqlen_k:
+        raise ValueError(f"max_seqlen_k={max_seqlen_k} is below a sequence length ({int(seq_lens.max())})")
     num_tokens, num_q_heads, _ = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads
@@ -105,6 +120,9 @@ def paged_attention_with_lse(
 def paged_attention(*args, **kwargs) -> torch.Tensor:
     """Reference paged attention, output only (same arguments as :func:`paged_attention_with_lse`)."""
     return paged_attention_with_lse(*args, **kwargs)[0]
+
+
+paged_attention.__signature__ = inspect.signature(paged_attention_with_lse).replace(return_annotation=torch.Tensor)
 
 
 def reshape_and_cache(

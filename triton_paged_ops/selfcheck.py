@@ -114,7 +114,7 @@ def _check_attention(name: str, c: dict, dtype, device, gen, on_gpu) -> Row:
         kw["k_scale"] = torch.tensor([0.8], device=device)
         kw["v_scale"] = torch.tensor([1.25], device=device)
     (out, lse), ms = _timed(lambda a=args, k=kw: api.paged_attention_with_lse(*a, **k), on_gpu)
-    ref_out, ref_lse = reference.paged_attention_with_lse(*args[:6], args[8], **kw)
+    ref_out, ref_lse = reference.paged_attention_with_lse(*args, **kw)
     err = _rel(out, ref_out)
     lse_ok = torch.allclose(lse, ref_lse, rtol=1e-3, atol=1e-3)
     shape = f"T={args[0].shape[0]} B={len(c['seqs'])} Hq={hq} Hkv={c['hkv']} D={c['d']} ps={c['page_size']}"

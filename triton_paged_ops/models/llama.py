@@ -109,7 +109,7 @@ class Attention(nn.Module):
             out = self.attention_op(q, k_cache, v_cache, *args, batch.max_seqlen_q, batch.max_seqlen_k, scale)
         else:  # the PyTorch reference: eager only (it reads lengths back to the host)
             reference.reshape_and_cache(k, v, k_cache, v_cache, batch.slot_mapping)
-            out = reference.paged_attention(q, k_cache, v_cache, *args, scale)
+            out = reference.paged_attention(q, k_cache, v_cache, *args, batch.max_seqlen_q, batch.max_seqlen_k, scale)
         return self.o(out.reshape(-1, cfg.num_heads * cfg.head_dim))
 
 
