@@ -2,15 +2,15 @@
 
 For each target the launch planner is posed as that GPU (its name, capability, SMs and shared memory; the shipped
 table applies where one names it, the heuristic elsewhere) and ``warmup.reachable_variants`` enumerates what serving
-the models of ``tests.test_variants.MODELS`` (bf16; pages of 16; up to 256 sequences, 32k keys, 8k-token chunks;
-default and batch-invariant mode) can launch. Each distinct compiled kernel among them (attention kernel and, for
-split launches, the reduce kernel) is compiled through Triton's backend for that target. On sm_90 the
-warp-specialized Gluon prefill kernel is compiled too, for each shape the shipped table sends it. Reported per
-compiled kernel: its shared memory (LDS on AMD) against the target's limit and, for the shipped table's kernels, the
-register spills ptxas reports.
+the models of ``tests.test_variants.MODELS`` can launch (bf16; pages of 16; up to 256 sequences, 32k keys, 8k-token
+chunks; default mode, and batch-invariant mode with the lse output). Each distinct compiled kernel among them
+(attention kernel and, for split launches, the reduce kernel) is compiled through Triton's backend for that target.
+On sm_90 the warp-specialized Gluon prefill kernel is compiled too, for each shape the planner sends it. Reported per
+compiled kernel: its shared memory (LDS on AMD) against the target's limit and, for NVIDIA targets with a shipped
+table, the register spills ptxas reports.
 
 Run without ``TRITON_INTERPRET`` (the test suite runs it in a subprocess): ``python -m tests.compile_matrix
-[TARGET ...]`` (default: every target the installed Triton can compile for).
+[TARGET ...] [--models NAME ...] [--out FILE]`` (default: every target and model).
 """
 
 from __future__ import annotations
@@ -42,13 +42,15 @@ TARGETS = {
     "MI300X": (posing.MI300X, GPUTarget("hip", "gfx942", 64)),
     "MI355X": (posing.Gpu("AMD Instinct MI355X", "9.5", "3.6", 163840, 256, amd=True), GPUTarget("hip", "gfx950", 64)),
 }
-SERVING = dict(dtype=torch.bfloat16, decode_tail=True, lse=True, page_size=16)
+# (The lse output in batch-invariant mode only: its code path is compiled there, and the default mode's prefill then
+# reaches the Gluon kernel, which does not write an lse.)
+SERVING = dict(dtype=torch.bfloat16, decode_tail=True, page_size=16)
 
 
 def _settings(model: dict, invariant: bool) -> warmup.ServingSettings:
     features = {k: model[k] for k in ("softcap", "window_left", "sinks", "cache_dtype") if k in model}
     return warmup.ServingSettings(num_q_heads=model["num_q_heads"], num_kv_heads=model["num_kv_heads"],
-                                  head_dim=model["head_dim"], batch_invariant=invariant,
+                                  head_dim=model["head_dim"], batch_invariant=invariant, lse=invariant,
                                   kv_scale="cache_dtype" in model, **SERVING, **features)  # fmt: skip
 
 
@@ -64,7 +66,7 @@ def _launch_plans(models: list[str]) -> list[tuple[str, attention.LaunchPlan]]:
                          head_dim_v=st.head_dim, page_size=st.page_size, dtype=st.dtype,
                          cache_dtype=st.cache_dtype or st.dtype, causal=True, window_left=st.window_left,
                          softcap=st.softcap, has_alibi=False, has_sinks=st.sinks, has_k_scale=st.kv_scale,
-                         has_v_scale=st.kv_scale, has_rows=False, want_lse=True, device_index=0, interpret=False,
+                         has_v_scale=st.kv_scale, has_rows=False, want_lse=st.lse, device_index=0, interpret=False,
                          batch_invariant=invariant)  # fmt: skip
             for variant, (batch, q, k, hint) in sorted(warmup.reachable_variants(st, 0, False).items(),
                                                        key=lambda kv: kv[1]):  # fmt: skip

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import triton
+
+from .compile_matrix import TARGETS
 from .compile_sm90 import SM90_SHARED_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,3 +153,40 @@ def test_sass_reads_ptxas_serialization_warnings():
         "pipeline stage"
     )
     assert wgmma_serialization(head + tail) is None
+
+
+# The models whose reachable variants CI compiles for every target (``python -m tests.compile_matrix`` without
+# --models compiles all of tests.test_variants.MODELS: benchmarks/results/compile_matrix.json).
+CI_MATRIX_MODELS = ("llama-3-8b",)
+H200_TABLE_TRITON = json.loads((ROOT / "triton_paged_ops" / "configs" / "nvidia_h200.json").read_text())["tables"][0][
+    "triton"
+]
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_every_reachable_variant_compiles_for_each_gpu_family(target):
+    """Posed as each GPU family (A100, L40S, H100 and H200 with its table, B200, MI300X, MI355X), every kernel that
+    serving the models can launch (``warmup.reachable_variants``, default and batch-invariant mode) compiles through
+    Triton's backend for it, within its shared memory (LDS); the shipped table's kernels compile without register
+    spills; on sm_90 the warp-specialized Gluon prefill kernel compiles for each shape the planner sends it."""
+    rows = _compiled("tests.compile_matrix", target, "--models", *CI_MATRIX_MODELS)
+    kinds = {r["kernel"] for r in rows}
+    assert {"attention", "reduce"} <= kinds, kinds
+    assert sum(r["kernel"] == "attention" for r in rows) >= 10
+    for r in rows:
+        assert 0 <= r["shared"] <= r["limit"], r
+    if target == "H200" and triton.__version__.startswith(H200_TABLE_TRITON + "."):
+        # With the Triton its table was measured on, the decode and short-query tiles (bandwidth-bound: a spill
+        # there is lost read rate) spill nothing. The 256-row prefill tiles were measured fastest with their spills
+        # (up to ~500 bytes; the report shows them), so they are not held to it.
+        tuned = [r for r in rows if " default " in r["name"] and int(re.search(r" q(\d+) ", r["name"])[1]) <= 16]
+        assert tuned and not [r for r in tuned if r.get("spills")], tuned
+    if TARGETS[target][0].capability == "9.0" and hopper_compiles():
+        assert "gluon prefill" in kinds, kinds
+
+
+def hopper_compiles() -> bool:
+    """Whether the installed Triton has the Gluon Hopper API the warp-specialized kernel is written in."""
+    from triton_paged_ops.kernels import hopper
+
+    return hopper.gluon is not None
