@@ -95,7 +95,10 @@ def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> d
             f.write(kernel.asm["ptx"])
         with open(cubin, "wb") as f:
             f.write(kernel.asm["cubin"])
-        report = subprocess.run([_tool("ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.o")],
+        # (The ptxas Triton compiles sm_90 with: Triton 3.8+ bring a newer one beside the old.)
+        from triton.backends.nvidia.compiler import get_ptxas
+
+        report = subprocess.run([get_ptxas(90).path, "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "k.o")],
                                 capture_output=True, text=True, check=True).stderr  # fmt: skip
         sass = subprocess.run([_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True).stdout
     registers = re.search(r"Used (\d+) registers", report)
