@@ -187,12 +187,37 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
     return [r | {"target": target, "limit": limit} for r in results]
 
 
+def markdown(results: list[dict]) -> str:
+    """Per target: kernels compiled (attention variants, reduce variants, Gluon), the most shared memory one takes
+    against the limit, and the kernels with register spills (where reported)."""
+    lines = ["| GPU family (target) | attention variants | reduce | Gluon prefill | most shared memory / limit (KiB) "
+             "| kernels with spills |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for target, (gpu, tgt) in TARGETS.items():
+        rows = [r for r in results if r["target"] == target]
+        if not rows:
+            continue
+        count = {k: sum(r["kernel"] == k for r in rows) for k in ("attention", "reduce", "gluon prefill")}
+        checked = [r for r in rows if r.get("spills") is not None]
+        spills = f"{sum(1 for r in checked if r['spills'])} of {len(checked)}" if checked else "not read"
+        most = max(r["shared"] for r in rows)
+        arch = tgt.arch if tgt.backend == "hip" else f"sm_{tgt.arch}"
+        lines.append(f"| {target} ({arch}) | {count['attention']} "
+                     f"| {count['reduce']} | {count['gluon prefill'] or '-'} | {most / 1024:.0f} / {gpu.shared / 1024:.0f} "
+                     f"| {spills} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.compile_matrix", description=__doc__.split("\n")[0])
     parser.add_argument("targets", nargs="*", choices=[[], *TARGETS], help="default: all")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
+    parser.add_argument("--table", metavar="JSON", help="print the markdown table of a results file and exit")
     args = parser.parse_args(argv)
+    if args.table:
+        with open(args.table) as f:
+            print(markdown(json.load(f)))
+        return 0
     results = []
     for target in args.targets or list(TARGETS):
         results += compile_target(target, args.models)
