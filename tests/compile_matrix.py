@@ -201,8 +201,8 @@ def markdown(results: list[dict]) -> str:
         spills = f"{sum(1 for r in checked if r['spills'])} of {len(checked)}" if checked else "not read"
         most = max(r["shared"] for r in rows)
         arch = tgt.arch if tgt.backend == "hip" else f"sm_{tgt.arch}"
-        lines.append(f"| {target} ({arch}) | {count['attention']} "
-                     f"| {count['reduce']} | {count['gluon prefill'] or '-'} | {most / 1024:.0f} / {gpu.shared / 1024:.0f} "
+        lines.append(f"| {target} ({arch}) | {count['attention']} | {count['reduce']} "
+                     f"| {count['gluon prefill'] or '-'} | {most / 1024:.0f} / {gpu.shared / 1024:.0f} "
                      f"| {spills} |")  # fmt: skip
     return "\n".join(lines)
 
