@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 
 from tests import compile_sm90, posing
 from tests.test_variants import MODELS
-from triton_paged_ops import warmup
+from triton_paged_ops import checks, warmup
 from triton_paged_ops.kernels import attention, hopper, merge
 
 # name: (the GPU as the planner sees it, compile target). Shared memory: what one program may use (A100 163 KiB,
@@ -54,13 +54,16 @@ def _settings(model: dict, invariant: bool) -> warmup.ServingSettings:
                                   kv_scale="cache_dtype" in model, **SERVING, **features)  # fmt: skip
 
 
-def _launch_plans(models: list[str]) -> list[tuple[str, attention.LaunchPlan]]:
-    """One launch plan of each distinct compiled attention kernel reachable on the posed GPU serving ``models``,
-    named by where."""
+def _launch_plans(gpu: posing.Gpu, models: list[str]) -> list[tuple[str, attention.LaunchPlan]]:
+    """One launch plan of each distinct compiled attention kernel reachable on the posed ``gpu`` serving ``models``
+    (those whose cache dtype it can hold: the ops refuse the others), named by where."""
     plans: dict[tuple, tuple[str, attention.LaunchPlan]] = {}
+    capability = tuple(int(p) for p in gpu.capability.split("."))
     for invariant in (False, True):
         for name in models:
             model = MODELS[name]
+            if not checks.cache_dtype_supported(model.get("cache_dtype", SERVING["dtype"]), capability, gpu.amd):
+                continue
             st = _settings(model, invariant)
             fixed = dict(num_q_heads=st.num_q_heads, num_kv_heads=st.num_kv_heads, head_dim=st.head_dim,
                          head_dim_v=st.head_dim, page_size=st.page_size, dtype=st.dtype,
@@ -170,7 +173,7 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
     with posing.planned_as(gpu):
         # (Posed as planned for real launches: sm_90+ NVIDIA GPUs chain the reduce as a dependent launch.)
         attention.dependent_launch_supported = lambda device_index: nvidia_sm90
-        lps = _launch_plans(models)
+        lps = _launch_plans(gpu, models)
         table = gpu is posing.H200
         reduces = set()
         for name, lp in lps:

@@ -272,3 +272,25 @@ def test_out_of_range_table_rows_do_not_fault_without_debug():
     out = call(args)
     assert torch.equal(out[:4], want[:4])
     assert torch.equal(out[4], torch.zeros_like(out[4]))
+
+
+@pytest.mark.parametrize("capability,refused", [((8, 0), True), ((8, 6), True), ((8, 9), False), ((9, 0), False)])
+def test_e4m3_caches_need_an_sm89_gpu(capability, refused, monkeypatch):
+    """Triton compiles no e4m3 (``float8_e4m3fn``) for NVIDIA GPUs before sm_89 (an A100 would fail inside the
+    compiler): such a cache is refused by name; AMD's backend reads both fp8 formats."""
+    from triton_paged_ops import checks
+
+    assert checks.cache_dtype_supported(torch.float8_e4m3fn, capability, amd=False) is not refused
+    assert checks.cache_dtype_supported(torch.float8_e4m3fn, capability, amd=True)
+    assert checks.cache_dtype_supported(torch.bfloat16, capability, amd=False)
+    monkeypatch.setattr(checks, "device_capability", lambda device: capability)
+    args = good_args()
+    args.update(k_cache=args["k_cache"].to(torch.float8_e4m3fn), v_cache=args["v_cache"].to(torch.float8_e4m3fn))
+    kw = {"k_scale": torch.ones(1, device=DEVICE), "v_scale": torch.ones(1, device=DEVICE)}
+    if refused:
+        with pytest.raises(
+            TypeError, match=rf"k_cache: torch.float8_e4m3fn caches need .* sm_89 .* sm_{capability[0]}"
+        ):
+            call(args, **kw)
+    else:
+        call(args, **kw)

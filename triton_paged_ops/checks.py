@@ -8,6 +8,7 @@ device-to-host sync, which CUDA graphs forbid and serving cannot afford; they ru
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 
@@ -63,9 +64,32 @@ def _check_tensor(
     return shape
 
 
+def cache_dtype_supported(dtype: torch.dtype, capability: tuple[int, int], amd: bool) -> bool:
+    """Whether Triton's compiler for that GPU can read a cache of ``dtype``: on NVIDIA GPUs e4m3 (``float8_e4m3fn``)
+    only from sm_89 (Ada) on; AMD's backend has both e4m3 formats."""
+    return amd or dtype != torch.float8_e4m3fn or capability >= (8, 9)
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of a CUDA device (None for other devices)."""
+    if device.type != "cuda":
+        return None
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def _check_cache_dtype(name: str, t: torch.Tensor) -> None:
     if t.dtype == torch.float8_e4m3fnuz and torch.version.hip is None:
         raise TypeError(f"{name}: float8_e4m3fnuz caches are for AMD GPUs (ROCm); use float8_e4m3fn here")
+    if t.dtype in FP8_DTYPES:
+        capability = device_capability(t.device)
+        if capability is not None and not cache_dtype_supported(t.dtype, capability, torch.version.hip is not None):
+            raise TypeError(f"{name}: {t.dtype} caches need an NVIDIA GPU of sm_89 or newer (Triton compiles no e4m3 "
+                            f"for older ones); this one is sm_{capability[0]}{capability[1]}")  # fmt: skip
 
 
 def _check_per_head(name: str, t: torch.Tensor | None, num_q_heads: int, device: torch.device) -> None:
