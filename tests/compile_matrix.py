@@ -178,7 +178,16 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
         reduces = set()
         for name, lp in lps:
             model = MODELS[name.split()[0]]
-            results.append(_attention(name, lp, SERVING["dtype"], check_spills=table))
+            refusal = attention.compiler_refusal(lp.config, 0)
+            if refusal:  # (the ops refuse this launch with the installed Triton: nothing to compile)
+                results.append({"kernel": "attention", "name": name, "config": str(lp.config), "shared": 0,
+                                "refused": refusal})  # fmt: skip
+                continue
+            try:
+                results.append(_attention(name, lp, SERVING["dtype"], check_spills=table))
+            except Exception as e:  # a kernel the compiler rejects is a row of the report, not the end of it
+                results.append({"kernel": "attention", "name": name, "config": str(lp.config), "shared": 0,
+                                "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"})  # fmt: skip
             if lp.split.num_splits > 1 and not lp.constexprs["MERGE_IN_KERNEL"]:
                 key = lp.variant()[2:] + (lp.batch_invariant, model["head_dim"], lp.constexprs["LAUNCH_DEPENDENTS"])
                 if key not in reduces:
@@ -199,12 +208,15 @@ def markdown(results: list[dict]) -> str:
         rows = [r for r in results if r["target"] == target]
         if not rows:
             continue
+        refused = sum("refused" in r for r in rows)
+        rows = [r for r in rows if "refused" not in r]
         count = {k: sum(r["kernel"] == k for r in rows) for k in ("attention", "reduce", "gluon prefill")}
         checked = [r for r in rows if r.get("spills") is not None]
         spills = f"{sum(1 for r in checked if r['spills'])} of {len(checked)}" if checked else "not read"
         most = max(r["shared"] for r in rows)
         arch = tgt.arch if tgt.backend == "hip" else f"sm_{tgt.arch}"
-        lines.append(f"| {target} ({arch}) | {count['attention']} | {count['reduce']} "
+        attention_count = f"{count['attention']}" + (f" (+{refused} refused: Triton < 3.8)" if refused else "")
+        lines.append(f"| {target} ({arch}) | {attention_count} | {count['reduce']} "
                      f"| {count['gluon prefill'] or '-'} | {most / 1024:.0f} / {gpu.shared / 1024:.0f} "
                      f"| {spills} |")  # fmt: skip
     return "\n".join(lines)

@@ -177,6 +177,10 @@ def main() -> int:
     ]
     results += other_kernels("", fp8)
     results += shipped_table_variants(configs.SHIPPED_DIR / "nvidia_h200.json")
+    # MQA-style groups over 32 heads on the H200 table's prefill tiles (posed as above): 256-512 KiB of shared memory
+    # before they took tiles of one token.
+    results += [attention_variant(f"prefill MQA {g} on the H200 table", group=g, max_q=512, device_index=0)
+                for g in (48, 128)]  # fmt: skip
     # Asked for (``kv_loads`` 2; gathers are the default), tall tiles inside one page copy K/V through tensor
     # descriptors on an sm_90 device (TMA; the H200 identity that shipped_table_variants set stays) where the copies'
     # buffers fit its shared memory (D256 prefill tiles gather).

@@ -831,6 +831,11 @@ def select_attention_config(
     cfg.setdefault("ws_block_n", 128 if head_dim_pad <= 128 else 64)
     cfg.setdefault("ws_stages", 2)
     cfg.setdefault("ws_mixed_order", 1)
+    if not interpret and max_seqlen_q > 1 and group > 32 and 1 < cfg["BLOCK_M"] // group < 8:
+        # Tiles of 2-7 tokens of a group over 32 heads (48/1, 64/1 and 128/1 MQA prefill on the 128- and 256-row
+        # tiles) took 256-512 KiB of shared memory on sm_90, more than any GPU has (tests/compile_matrix.py): such
+        # groups take tiles of one token. (Not timed; such groups are rare.)
+        cfg["BLOCK_M"] = group_pad
     if _config_override:
         cfg.update(_config_override)
     if cfg["BLOCK_M"] < group or cfg["BLOCK_M"] < 16 or cfg["BLOCK_N"] < 16:
@@ -1860,6 +1865,22 @@ class PreparedLaunch:
     ws: object | None = None
 
 
+def compiler_refusal(config: dict, device_index: int | None) -> str | None:
+    """Why the installed Triton cannot compile a launch with ``config`` for CUDA device ``device_index``, if it
+    cannot: Triton 3.6 and 3.7 crash compiling tiles of 64+ query rows for Blackwell (sm_100 and newer, whose
+    tensor-memory products those tiles take; "PassManager::run failed" in TritonNvidiaGPUOptimizeTMemLayoutsPass),
+    fixed in 3.8 (every reachable variant compiles there, ``tests/compile_matrix.py``)."""
+    installed = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    if device_index is None or config["BLOCK_M"] < 64 or installed >= (3, 8):
+        return None
+    if device_is_amd(device_index) or int(configs.device_identity(device_index)[1].split(".")[0]) < 10:
+        return None
+    return (
+        f"Triton {triton.__version__} cannot compile attention tiles of {config['BLOCK_M']} query rows for this GPU "
+        "(sm_100 or newer; the compiler crashes): install triton>=3.8"
+    )
+
+
 def prepare_attention_launch(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -1898,6 +1919,9 @@ def prepare_attention_launch(
         kv_desc_layout_ok(k_cache, v_cache) if kv_desc_layout is None else kv_desc_layout,
         narrow_offsets_ok(k_cache, v_cache) if narrow_offsets is None else narrow_offsets, min(decode_tail, 1),
     )  # fmt: skip
+    refusal = None if interpret else compiler_refusal(lp.config, q.device.index)
+    if refusal:
+        raise RuntimeError(refusal)
     plan = lp.split
     splits = plan.num_splits
     reduce, lse_elems, out_elems = None, 0, 0
