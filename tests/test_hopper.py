@@ -204,4 +204,4 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     strides = ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_bt_b")
     assert [got[n] for n in strides] == [1024, 128, 1024, 128, 10]
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, IS_CAUSAL=True,
-                      HAS_BT_ROWS=False, MIXED_ORDER=2, num_warps=4)  # fmt: skip
+                      HAS_BT_ROWS=False, MIXED_ORDER=2, num_warps=4, enable_fp_fusion=True)  # fmt: skip

@@ -172,7 +172,9 @@ def _variant_batch(model: dict, lp, batch: int, q_bound: int, k_bound: int, hint
     kv_first = min(k_bound, q_first + context)
     rest = 1 if hint else min(2, q_bound)
     q_lens = [q_first] + [rest] * (batch - 1)
-    kv_lens = [kv_first] + [rest + int(torch.randint(0, 40, (1,), generator=gen)) for _ in range(batch - 1)]
+    # (Within the bound ``max_seqlen_k`` = k_bound the launch is planned with: the ops' contract.)
+    kv_lens = [kv_first] + [min(k_bound, rest + int(torch.randint(0, 40, (1,), generator=gen)))
+                            for _ in range(batch - 1)]  # fmt: skip
     return _batch(q_lens, kv_lens, model["num_q_heads"], model["num_kv_heads"], model["head_dim"], torch.bfloat16,
                   seed=seed, width_keys=k_bound, softcap=model.get("softcap", 0.0),
                   window_left=model.get("window_left", -1), sinks=model.get("sinks", False),
