@@ -33,15 +33,15 @@ _INT32 = 1 << 31
 # threads at once corrupt each other (an InterpreterError, or wrong outputs), so interpreted launches take turns.
 _INTERPRETER_TURN = threading.RLock()
 _INTERPRETING = bool(triton.knobs.runtime.interpret)
+_TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
 
 
 def _interpreter_problem() -> str | None:
     """Why the installed Triton's interpreter cannot run these kernels, if it cannot."""
     import numpy
 
-    triton_version = tuple(int(p) for p in triton.__version__.split(".")[:2])
     numpy_version = tuple(int(p) for p in numpy.__version__.split(".")[:2])
-    if triton_version < (3, 7) and numpy_version >= (2, 4):
+    if _TRITON_VERSION < (3, 7) and numpy_version >= (2, 4):
         # 3.6 turns a loop bound into a Python int through a 1-element array, which numpy 2.4 no longer converts.
         return (
             f"Triton {triton.__version__}'s interpreter (TRITON_INTERPRET=1) fails with numpy {numpy.__version__} "
@@ -77,7 +77,7 @@ def _repair_interpreter_comparisons() -> None:
     builder._tpa_int1_comparisons = True
 
 
-if _INTERPRETING and tuple(int(p) for p in triton.__version__.split(".")[:2]) >= (3, 9):
+if _INTERPRETING and _TRITON_VERSION >= (3, 9):
     _repair_interpreter_comparisons()
 
 
