@@ -24,7 +24,7 @@ import torch
 
 from triton_paged_ops import configs as config_tables
 from triton_paged_ops.bench import SUITES, Case, _git_sha, finish, run_suite
-from triton_paged_ops.kernels.attention import attention_config_override
+from triton_paged_ops.configs.heuristic import attention_config_override
 
 
 def parse_configs(p: argparse.ArgumentParser, texts: list[str]) -> list[dict]:
@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ab", description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=sorted(SUITES), default="prefill", help="whose cases (default prefill)")
     p.add_argument("--config", nargs="+", default=["{}"], metavar="JSON",
-                   help="config overrides to compare, each a JSON object (e.g. '{\"acc_rescale\": 2}')")  # fmt: skip
+                   help="config overrides to compare, each a JSON object "
+                   "(e.g. '{\"acc_rescale\": \"always\"}')")  # fmt: skip
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name contains one of these")
     p.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave out cases whose name contains one")
     p.add_argument("--rounds", type=int, default=1, help="times every config runs the cases (default 1)")

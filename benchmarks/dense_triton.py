@@ -21,10 +21,16 @@ import sys
 import torch
 import triton
 import triton.language as tl
-
-from triton_paged_ops.kernels.attention import _ensure_allocator
+from triton.runtime import _allocation
 
 LOG2E = 1.4426950408889634
+
+
+def _ensure_allocator() -> None:
+    """Descriptors built inside a kernel need scratch memory from Triton's allocator: torch's, unless the caller set
+    one."""
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
 @triton.jit

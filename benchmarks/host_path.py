@@ -1,7 +1,7 @@
 """Host time of repeated eager decode calls without a GPU: ``python -m benchmarks.host_path``.
 
 The attention and reduce kernels are replaced by stand-ins that record their launches instead of running them
-(``triton_paged_ops.kernels.standin``), so everything else — the typed wrapper, the ``torch.ops`` dispatch, the
+(``benchmarks.standin``), so everything else — the typed wrapper, the ``torch.ops`` dispatch, the
 prepared-launch lookup, the workspace and the short launch path's argument handling — runs as on a GPU host. What it
 leaves out is the compiled launcher's own C call and the driver (a few µs per launch, timed on a GPU by
 ``benchmarks.overhead``). Use it to compare host-path changes on any machine (versions run in turn, a few times
@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from benchmarks import standin
 from triton_paged_ops import api
 from triton_paged_ops.bench import (
     Case,
@@ -25,13 +26,12 @@ from triton_paged_ops.bench import (
     dispatcher_floor_us,
     finish,
 )
-from triton_paged_ops.kernels import attention, standin
+from triton_paged_ops.configs import heuristic
 
 # name: (keys per sequence, launch options)
 CASES = {
     "one launch (4 x 256 keys)": ([256] * 4, {}),
     "split + reduce (1 x 4096 keys)": ([4096], {}),
-    "split + in-kernel merge (1 x 4096)": ([4096], {"split_merge": 2}),
 }
 
 
@@ -40,7 +40,7 @@ def measure(kv_lens: list[int], calls: int, config: dict | None = None) -> dict:
     args, out = inp.args, inp.out
     with (
         standin.recording_launches() as (attention_kernel, reduce_kernel),
-        attention.attention_config_override(**(config or {})),
+        heuristic.attention_config_override(**(config or {})),
     ):
         api.paged_attention_out(*args, out=out)  # prepares the launch and records the kernels
         res = {f"{layer}_us": us for layer, us in call_layer_times_us(args, out, calls).items()}

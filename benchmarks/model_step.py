@@ -6,9 +6,7 @@ One decode step (B sequences, one new token each, ``--context`` cached tokens, 1
 
 - the attention share: every layer's ``reshape_and_cache`` + ``paged_attention`` alone, replayed as a CUDA graph;
 - the step's floor: weights + KV bytes over the HBM read bandwidth measured in this run;
-- the op registration choice: the same step compiled with the attention op registered as a
-  ``torch.library.triton_op`` (kernels wrapped with ``wrap_triton``, visible to Inductor) instead of the project's
-  opaque ``torch.library`` op, and the eager host cost of one call of each.
+- the eager host cost of one attention call.
 """
 
 from __future__ import annotations
@@ -19,38 +17,11 @@ import time
 
 import torch
 
-from triton_paged_ops import checks
 from triton_paged_ops.bench import finish, hbm_ceilings, host_time_us
-from triton_paged_ops.kernels.attention import _launch_paged_attention
 from triton_paged_ops.models import PRESETS, Llama
 from triton_paged_ops.models.llama import Batch
 
 PAGE_SIZE = 16
-
-
-def register_triton_op():
-    """``tpa_bench::paged_attention``: causal paged attention with the same checks and kernels, as a triton_op."""
-    from torch.library import triton_op, wrap_triton
-
-    @triton_op("tpa_bench::paged_attention", mutates_args=())
-    def paged_attention(
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        seq_lens: torch.Tensor,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        scale: float,
-    ) -> torch.Tensor:
-        args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
-        checks.check_attention_args(*args, -1, 0.0, None, None, None, None)
-        out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[3])
-        _launch_paged_attention(*args, True, -1, 0.0, None, None, None, None, None, out, None, False, wrap=wrap_triton)
-        return out
-
-    return torch.ops.tpa_bench.paged_attention
 
 
 def decode_batch(batch: int, context: int, vocab: int, device) -> tuple[Batch, int]:
@@ -151,18 +122,9 @@ def run(batch_size: int, context: int, seed: int = 0) -> dict:
             attention_only()
         attention_ms = _bench_ms(graph.replay)
 
-        triton_op = register_triton_op()
         host = {
             "custom_op_us": host_time_us(lambda: torch.ops.tpa.paged_attention(q, caches[0][0], caches[0][1], *targs)),
-            "triton_op_us": host_time_us(lambda: triton_op(q, caches[0][0], caches[0][1], *targs)),
         }
-        for block in model.blocks:
-            block.attn.attention_op = triton_op
-        counters.clear()
-        via_triton_op = _step_variants(model, batch)
-        via_triton_op["cudagraph_skips"] = int(counters["inductor"]["cudagraph_skips"])
-        for block in model.blocks:
-            block.attn.attention_op = torch.ops.tpa.paged_attention
 
     import triton
 
@@ -177,13 +139,12 @@ def run(batch_size: int, context: int, seed: int = 0) -> dict:
         "kv_bytes": kv_bytes,
         "attention_ms": attention_ms,
         "custom_op": custom,
-        "triton_op": via_triton_op,
         "eager_op_host_us": host,
     }
 
 
 def format_result(r: dict) -> str:
-    c, t = r["custom_op"], r["triton_op"]
+    c = r["custom_op"]
     best = c["compiled_graphs_ms"]
     lines = [
         f"{r['gpu']}  torch {r['torch']}  triton {r['triton']}  1b bf16, B={r['shape']['batch']}, "
@@ -192,7 +153,7 @@ def format_result(r: dict) -> str:
         f"{r['ceilings']['read_tbps']:.2f} TB/s): {r['floor_ms']:.3f} ms",
         f"{'registration':<13} {'eager ms':>9} {'compiled':>9} {'+graphs':>9} {'compile s':>10} {'skips':>6}",
     ]
-    for name, v in (("custom op", c), ("triton_op", t)):
+    for name, v in (("custom op", c),):
         lines.append(f"{name:<13} {v['eager_ms']:>9.3f} {v['compiled_ms']:>9.3f} {v['compiled_graphs_ms']:>9.3f} "
                      f"{v['compile_s'] + v['compile_graphs_s']:>10.1f} {v['cudagraph_skips']:>6}  "
                      f"graphs vs eager logits: rel. L2 {v['graphs_vs_eager_rel_l2']:.1e}")  # fmt: skip
@@ -201,8 +162,7 @@ def format_result(r: dict) -> str:
         f"{r['attention_ms'] / best:.0%} of the compiled+graphs step; step at {r['floor_ms'] / best:.0%} of its floor"
     )
     h = r["eager_op_host_us"]
-    lines.append(f"eager host cost of one attention call: custom op {h['custom_op_us']:.1f} µs, "
-                 f"triton_op {h['triton_op_us']:.1f} µs")  # fmt: skip
+    lines.append(f"eager host cost of one attention call: {h['custom_op_us']:.1f} µs")
     return "\n".join(lines)
 
 

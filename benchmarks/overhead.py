@@ -4,7 +4,7 @@ Times, per call (``bench.host_time_us``: µs of host time, the median over runs 
 never wait for the device), the layers of one repeated ``paged_attention_out`` call from the outside in: the
 typed wrapper, the ``torch.ops`` dispatch, the op body (a repeat of earlier metadata: the prepared launch),
 and, for comparison, what a first call with new metadata adds: the argument checks, the launch planning
-(launcher without its kernels), and Triton's own launch path for each kernel. A yardstick of the host's own
+(``prepare_attention_launch``), and Triton's own launch path for each kernel. A yardstick of the host's own
 speed comes first: one eager ``torch.add(a, b, out=c)`` on one-element device tensors (an aten op's dispatch and
 launch), so runs on hosts of different speed can be compared, the floor of any Triton launch there (a compiled
 kernel of two arguments that does nothing, launched through its compiled launcher) and that of the ``torch.ops``
@@ -18,6 +18,7 @@ import sys
 
 import torch
 
+from benchmarks import standin
 from triton_paged_ops import checks
 from triton_paged_ops.bench import (
     Case,
@@ -29,35 +30,15 @@ from triton_paged_ops.bench import (
     host_time_us,
     triton_launch_floor_us,
 )
-from triton_paged_ops.kernels.attention import _launch_paged_attention
-
-
-class _Recorder:
-    """A ``wrap`` for the launcher that records each kernel launch (kernel, grid, arguments) and skips or runs it."""
-
-    def __init__(self, run: bool):
-        self.run, self.launches = run, []
-
-    def __call__(self, kernel):
-        rec = self
-
-        class _Grid:
-            def __getitem__(self, grid):
-                def launch(*args, **kwargs):
-                    rec.launches.append((kernel, grid, args, kwargs))
-                    if rec.run:
-                        kernel[grid](*args, **kwargs)
-
-                return launch
-
-        return _Grid()
+from triton_paged_ops.kernels import attention, merge
+from triton_paged_ops.prepared import prepare_attention_launch
 
 
 def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
     inp = build_inputs(Case("overhead", [context] * num_seqs), seed=0)
     q, k, v, bt, cu, sl, max_q, max_k, scale = inp.args
     out = inp.out
-    launch_args = (q, k, v, bt, cu, sl, max_q, max_k, scale, True, -1, 0.0, None, None, None, None, None, out, None)
+    absent = (False,) * 5  # no ALiBi slopes, sinks, cache scales or block_table_rows
     one = torch.ones(1, device=q.device)
     sink = torch.empty_like(one)
     res = {
@@ -70,17 +51,24 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
             lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls
         ),
         "first_call_planning_without_kernels": host_time_us(
-            lambda: _launch_paged_attention(*launch_args, False, False, _Recorder(False)), calls
+            lambda: prepare_attention_launch(
+                q, k, v, bt, sl.shape[0], max_q, max_k, scale, True, -1, 0.0, absent, out, None, False
+            ),
+            calls,  # fmt: skip
         ),
     }
-    rec = _Recorder(False)
-    _launch_paged_attention(*launch_args, False, False, rec)
-    for i, (kernel, grid, args, kwargs) in enumerate(rec.launches):
-        run = kernel[grid]
+    # The call's kernel launches as Triton's own path takes them (recorded by stand-ins, then timed for real).
+    with standin.recording_launches() as (attention_kernel, reduce_kernel):
+        torch.ops.tpa.paged_attention.default(*inp.args)
+    launches = [(real, *own) for real, stand_in in ((attention._paged_attention_kernel, attention_kernel),
+                                                     (merge._reduce_splits_kernel, reduce_kernel))
+                for own in stand_in.own]  # fmt: skip
+    for i, (kernel, grid, args, kwargs) in enumerate(launches):
+        run = kernel[grid[: 2 if grid[2] == 1 else 3]]
         res[f"triton_own_launch_{i}_{kernel.fn.__name__}"] = host_time_us(
             lambda r=run, a=args, kw=kwargs: r(*a, **kw), calls
         )
-    res["num_launches"] = len(rec.launches)
+    res["num_launches"] = len(launches)
     return res
 
 

@@ -24,7 +24,7 @@ import torch
 import triton
 
 from tests import compile_sm90
-from triton_paged_ops.kernels import attention
+from triton_paged_ops.configs import heuristic
 
 # prompts: prefill said to hold no decodes.
 MAX_Q = compile_sm90.MAX_Q_OF_REGIME
@@ -84,7 +84,7 @@ def variant_stats(regime: str, head_dim: int, page_size: int, config: dict) -> d
     """Compile the variant (H200 identity and table, 132 SMs) and read its ptxas report and loops."""
     compile_sm90.pose_as("NVIDIA H200", "9.0", "3.6")
     compile_sm90.COMPILED.clear()
-    with attention.attention_config_override(**config):
+    with heuristic.attention_config_override(**config):
         variant = compile_sm90.attention_variant(regime, head_dim=head_dim, max_q=MAX_Q[regime], max_k=8192,
                                                  page_size=page_size, device_index=0,
                                                  decode_tail=0 if regime == "prompts" else -1)  # fmt: skip
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regime", choices=sorted(set(MAX_Q) - {"decode_large"}), default="prefill")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--config", default="{}", help="launch option overrides as JSON, e.g. '{\"acc_rescale\": 2}'")
+    p.add_argument("--config", default="{}",
+                   help="launch option overrides as JSON, e.g. '{\"acc_rescale\": \"always\"}'")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET"):
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(config, dict):
         p.error(f"--config takes a JSON object, got {args.config!r}")
     try:
-        with attention.attention_config_override(**config):  # (checks the keys and values, names the bad one)
+        with heuristic.attention_config_override(**config):  # (checks the keys and values, names the bad one)
             pass
     except ValueError as exc:
         p.error(f"--config: {exc}")

@@ -29,6 +29,7 @@ from triton.backends.compiler import GPUTarget
 from tests import compile_sm90, posing
 from tests.test_variants import MODELS
 from triton_paged_ops import checks, warmup
+from triton_paged_ops import plan as planning
 from triton_paged_ops.kernels import attention, hopper, merge
 
 # name: (the GPU as the planner sees it, compile target). Shared memory: what one program may use (A100 163 KiB,
@@ -54,10 +55,10 @@ def _settings(model: dict, invariant: bool) -> warmup.ServingSettings:
                                   kv_scale="cache_dtype" in model, **SERVING, **features)  # fmt: skip
 
 
-def _launch_plans(gpu: posing.Gpu, models: list[str]) -> list[tuple[str, attention.LaunchPlan]]:
+def _launch_plans(gpu: posing.Gpu, models: list[str]) -> list[tuple[str, planning.LaunchPlan]]:
     """One launch plan of each distinct compiled attention kernel reachable on the posed ``gpu`` serving ``models``
     (those whose cache dtype it can hold: the ops refuse the others), named by where."""
-    plans: dict[tuple, tuple[str, attention.LaunchPlan]] = {}
+    plans: dict[tuple, tuple[str, planning.LaunchPlan]] = {}
     capability = tuple(int(p) for p in gpu.capability.split("."))
     for invariant in (False, True):
         for name in models:
@@ -73,7 +74,7 @@ def _launch_plans(gpu: posing.Gpu, models: list[str]) -> list[tuple[str, attenti
                          batch_invariant=invariant)  # fmt: skip
             for variant, (batch, q, k, hint) in sorted(warmup.reachable_variants(st, 0, False).items(),
                                                        key=lambda kv: kv[1]):  # fmt: skip
-                lp = attention.attention_launch_plan(num_seqs=batch, max_seqlen_q=q, max_seqlen_k=k,
+                lp = planning.attention_launch_plan(num_seqs=batch, max_seqlen_q=q, max_seqlen_k=k,
                                                      decode_tail=hint, **fixed)  # fmt: skip
                 mode = "invariant" if invariant else "default"
                 # (The attention kernel's compile key; reduce kernels are told apart in compile_target.)
@@ -100,13 +101,12 @@ def _spills(compiled) -> int | None:
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report))
 
 
-def _attention(name: str, lp: attention.LaunchPlan, dtype: torch.dtype, check_spills: bool) -> dict:
+def _attention(name: str, lp: planning.LaunchPlan, dtype: torch.dtype, check_spills: bool) -> dict:
     f32, cache_dtype = torch.float32, lp.cache_dtype
     split = lp.split.num_splits > 1
     pointers = {"q_ptr": dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
                 "out_ptr": f32 if split else dtype, "lse_ptr": f32, "alibi_slopes_ptr": f32, "sinks_ptr": f32,
-                "k_scale_ptr": f32, "v_scale_ptr": f32, "merge_count_ptr": torch.int32, "final_out_ptr": dtype,
-                "final_lse_ptr": f32}  # fmt: skip
+                "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
     pointers |= {p: torch.int32 for p in ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr",
                                           "seq_lens_ptr")}  # fmt: skip
     compiled = compile_sm90.compiled(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
@@ -117,7 +117,7 @@ def _attention(name: str, lp: attention.LaunchPlan, dtype: torch.dtype, check_sp
     return out
 
 
-def _reduce(name: str, lp: attention.LaunchPlan, dtype: torch.dtype, head_dim: int, num_q_heads: int) -> dict:
+def _reduce(name: str, lp: planning.LaunchPlan, dtype: torch.dtype, head_dim: int, num_q_heads: int) -> dict:
     f32 = torch.float32
     invariant = lp.batch_invariant
     leaves = lp.config["invariant_segment"] // lp.split.segment_len if invariant else 1
@@ -129,7 +129,7 @@ def _reduce(name: str, lp: attention.LaunchPlan, dtype: torch.dtype, head_dim: i
     return {"kernel": "reduce", "name": name, "shared": int(compiled.metadata.shared)}
 
 
-def _gluon(lps: list[tuple[str, attention.LaunchPlan]]) -> list[dict]:
+def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
     """The warp-specialized prefill kernel, compiled for each (shape, tiles) the posed sm_90 GPU launches it with."""
     if hopper.gluon is None:
         return []
@@ -143,11 +143,11 @@ def _gluon(lps: list[tuple[str, attention.LaunchPlan]]) -> list[dict]:
         if lp.ws is None:
             continue
         model = MODELS[name.split()[0]]
-        block_n, stages, mixed_order = lp.ws
+        block_n, stages = lp.ws
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
         constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
                           BLOCK_N=block_n, COPY=hopper.copy_rows(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
-                          HAS_BT_ROWS=False, MIXED_ORDER=mixed_order)  # fmt: skip
+                          HAS_BT_ROWS=False)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:
             continue
@@ -172,13 +172,13 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
     nvidia_sm90 = not gpu.amd and float(gpu.capability) >= 9
     with posing.planned_as(gpu):
         # (Posed as planned for real launches: sm_90+ NVIDIA GPUs chain the reduce as a dependent launch.)
-        attention.dependent_launch_supported = lambda device_index: nvidia_sm90
+        merge.dependent_launch_supported = lambda device_index: nvidia_sm90
         lps = _launch_plans(gpu, models)
         table = gpu is posing.H200
         reduces = set()
         for name, lp in lps:
             model = MODELS[name.split()[0]]
-            refusal = attention.compiler_refusal(lp.config, 0)
+            refusal = planning.compiler_refusal(lp.config, 0)
             if refusal:  # (the ops refuse this launch with the installed Triton: nothing to compile)
                 results.append({"kernel": "attention", "name": name, "config": str(lp.config), "shared": 0,
                                 "refused": refusal})  # fmt: skip
@@ -188,7 +188,7 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
             except Exception as e:  # a kernel the compiler rejects is a row of the report, not the end of it
                 results.append({"kernel": "attention", "name": name, "config": str(lp.config), "shared": 0,
                                 "error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}"})  # fmt: skip
-            if lp.split.num_splits > 1 and not lp.constexprs["MERGE_IN_KERNEL"]:
+            if lp.split.num_splits > 1:
                 key = lp.variant()[2:] + (lp.batch_invariant, model["head_dim"], lp.constexprs["LAUNCH_DEPENDENTS"])
                 if key not in reduces:
                     reduces.add(key)

@@ -19,6 +19,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from triton_paged_ops import configs, plan
+from triton_paged_ops import plan as planning
+from triton_paged_ops.configs import heuristic
 from triton_paged_ops.kernels import attention, cache, merge
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -67,7 +69,7 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
                       lse=False, invariant=False, device_index=None, page_size=16,
                       decode_tail=-1) -> dict:  # fmt: skip
     cache_dtype = cache_dtype or dtype
-    lp = attention.attention_launch_plan(
+    lp = planning.attention_launch_plan(
         num_q_heads=8 * group, num_kv_heads=8, head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype,
         cache_dtype=cache_dtype, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=max_k, causal=True,
         window_left=window, softcap=softcap, has_alibi=alibi, has_sinks=sinks, has_k_scale=scales,
@@ -78,15 +80,13 @@ def attention_variant(name, *, dtype=torch.bfloat16, cache_dtype=None, head_dim=
     f32 = torch.float32
     pointers = {"q_ptr": dtype, "k_cache_ptr": cache_dtype, "v_cache_ptr": cache_dtype,
                 "out_ptr": f32 if split else dtype, "lse_ptr": f32, "alibi_slopes_ptr": f32, "sinks_ptr": f32,
-                "k_scale_ptr": f32, "v_scale_ptr": f32, "merge_count_ptr": torch.int32, "final_out_ptr": dtype,
-                "final_lse_ptr": f32}  # fmt: skip
+                "k_scale_ptr": f32, "v_scale_ptr": f32}  # fmt: skip
     index_ptrs = ("block_table_ptr", "block_table_rows_ptr", "cu_seqlens_q_ptr", "seq_lens_ptr")
     pointers |= {p: torch.int32 for p in index_ptrs}
-    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits} block_copies={lp.constexprs['KV_DESC']}",
-           "ids_ahead": lp.constexprs["IDS_AHEAD"]}  # fmt: skip
+    out = {"name": name, "plan": f"{lp.config} splits={lp.split.num_splits}", "ids_ahead": lp.constexprs["IDS_AHEAD"]}
     out["attention_shared"] = _compile(attention._paged_attention_kernel, pointers, ("sm_scale", "softcap"),
                                        lp.constexprs, lp.options)  # fmt: skip
-    if split:  # (also when the kernel merges itself: the reduce kernel stays the split_merge=1 option)
+    if split:
         # (Batch-invariant leaf programs: the reduce folds each segment's leaves first.)
         leaves = lp.config["invariant_segment"] // lp.split.segment_len if invariant else 1
         rp = merge.reduce_plan(lp.split.num_splits, 4, 8 * group, head_dim, (0, 0, 0), (0, 0, 0), num_seqs, (0, 0),
@@ -125,9 +125,9 @@ def pose_as(gpu: str, capability: str, triton_version: str, num_sms: int = 132) 
     configs.triton_version = lambda: triton_version
     plan._num_sms = lambda device_index: num_sms
     # (What sm_90 lets one program opt into; launch options gated on their buffers fitting read it.)
-    attention.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
+    configs.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
     # An sm_90 device: the reduce is a dependent launch (the attention kernel signals it, the reduce waits).
-    attention.dependent_launch_supported = lambda device_index: device_index is not None
+    merge.dependent_launch_supported = lambda device_index: device_index is not None
     configs.reload()
 
 
@@ -181,53 +181,26 @@ def main() -> int:
     # before they took tiles of one token.
     results += [attention_variant(f"prefill MQA {g} on the H200 table", group=g, max_q=512, device_index=0)
                 for g in (48, 128)]  # fmt: skip
-    # Asked for (``kv_loads`` 2; gathers are the default), tall tiles inside one page copy K/V through tensor
-    # descriptors on an sm_90 device (TMA; the H200 identity that shipped_table_variants set stays) where the copies'
-    # buffers fit its shared memory (D256 prefill tiles gather).
-    attention.tensor_descriptors_supported = lambda device_index, interpret: True
-    copies = {
-        "short page 64 block copies": dict(max_q=8, max_k=4096, window=1000),
-        "prefill page 64 block copies": dict(max_q=512, lse=True, sinks=True),
-        "prefill fp32 page 64 block copies": dict(dtype=torch.float32, max_q=64, max_k=1024),
-        "prefill D256 page 64 gathers": dict(head_dim=256, max_q=2048, max_k=2048),
-    }
-    with attention.attention_config_override(kv_loads=2):
-        results += [attention_variant(name, page_size=64, device_index=0, **kw) for name, kw in copies.items()]
-    # One-token rows of a mixed launch in runs of keys per warp (``small_chunks`` 2), on the H200 prefill tiles (D128
-    # with 128-key decode tiles: runs of 16 keys; D64), page 16 (an id per run) and page 1 (an id per key).
-    with attention.attention_config_override(small_chunks=2):
-        results.append(attention_variant("mixed one-token runs per warp", max_q=512, device_index=0, sinks=True))
-        results.append(attention_variant("mixed one-token runs per warp D64 page 1", head_dim=64, max_q=512,
-                                         device_index=0, page_size=1))  # fmt: skip
+    # One-token rows of a mixed launch in runs of keys per warp, on the H200 prefill tiles (D128 with 128-key decode
+    # tiles: runs of 16 keys; D64), page 16 (an id per run) and page 1 (an id per key).
+    results.append(attention_variant("mixed one-token runs per warp", max_q=512, device_index=0, sinks=True))
+    results.append(attention_variant("mixed one-token runs per warp D64 page 1", head_dim=64, max_q=512,
+                                     device_index=0, page_size=1))  # fmt: skip
     # Taller tiles' page ids at page 16 in the form the H200 default does not take there: one load per key at D128
-    # (``page_ids`` 1), one per page at D64 (2).
-    with attention.attention_config_override(page_ids=1):
+    # ("per_key"), one per page at D64 ("per_page").
+    with heuristic.attention_config_override(page_ids="per_key"):
         results.append(attention_variant("prefill page ids per key", max_q=512, device_index=0))
-    with attention.attention_config_override(page_ids=2):
+    with heuristic.attention_config_override(page_ids="per_page"):
         results.append(attention_variant("prefill D64 page ids per page", head_dim=64, max_q=512, device_index=0))
-    # A one-token tail's blocks alternating with the chunks' (``mixed_order`` 2, a caller's ``decode_tail`` hint).
-    with attention.attention_config_override(mixed_order=2):
-        results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0,
-                                         decode_tail=1))  # fmt: skip
-    # Taller tiles' page ids a tile ahead (``ids_ahead`` 2, the H200 table's D64/D128 prefill form): where the third
+    # A one-token tail's blocks alternating with the chunks' (a caller's ``decode_tail`` hint).
+    results.append(attention_variant("mixed batch interleaved order", max_q=512, device_index=0, decode_tail=1))
+    # Taller tiles' page ids a tile ahead (``ids_ahead``, the H200 table's D64/D128 prefill form): where the third
     # K/V stage fits (D128, a mixed launch with its one-token rows), not at D256, where it would not, nor at page 1
     # (those launches keep the ids in the iteration).
-    with attention.attention_config_override(ids_ahead=2):
+    with heuristic.attention_config_override(ids_ahead=True):
         results.append(attention_variant("prefill page ids ahead", max_q=512, device_index=0, sinks=True))
         results.append(attention_variant("prefill page ids ahead page 1", max_q=512, device_index=0, page_size=1))
         results.append(attention_variant("prefill page ids ahead D256", head_dim=256, max_q=512, device_index=0))
-    # Row sums of the rounded P on the tensor cores (``acc_rescale`` 3): prefill tiles (D128 with a mixed launch's
-    # one-token rows, D256, fp32 products) and decode tiles.
-    with attention.attention_config_override(acc_rescale=3):
-        results.append(attention_variant("prefill row sums on tensor cores", max_q=512, device_index=0, sinks=True))
-        results.append(attention_variant("prefill row sums on tensor cores D256", head_dim=256, max_q=512,
-                                         device_index=0))  # fmt: skip
-        results.append(attention_variant("prefill row sums on tensor cores fp32", dtype=torch.float32, max_q=64,
-                                         max_k=1024, device_index=0))  # fmt: skip
-        results.append(attention_variant("decode row sums on tensor cores", max_q=1, device_index=0))
-    # The scores-ahead option on the 128-row prefill tile it would run with (256 rows spill at 255 registers).
-    with attention.attention_config_override(qk_ahead=2, BLOCK_M=128):
-        results.append(attention_variant("prefill scores ahead", max_q=512, sinks=True, device_index=0))
     json.dump(results, sys.stdout)
     return 0
 

@@ -19,8 +19,8 @@ from triton.backends.compiler import GPUTarget
 
 from tests import compile_sm90
 from tests.compile_sm90 import attention_variant, other_kernels
-from triton_paged_ops import configs, plan
-from triton_paged_ops.kernels import attention
+from triton_paged_ops import configs
+from triton_paged_ops import plan as planning
 
 # name: (compile target, device name and capability, shared memory one program may use, SMs / CUs)
 GPUS = {
@@ -31,16 +31,15 @@ GPUS = {
 
 
 def pose_as(gpu: str) -> int:
-    """Plan launches (device_index 0) and compile as on ``gpu`` (no tensor-descriptor copies, no dependent
-    launches: the planner enables those on sm_90+ only); returns its shared-memory limit."""
+    """Plan launches (device_index 0) and compile as on ``gpu`` (no dependent launches: the planner enables those
+    on sm_90+ only); returns its shared-memory limit."""
     target, identity, limit, units = GPUS[gpu]
     compile_sm90.TARGET = target
     configs.device_identity = lambda device_index: identity
-    plan._num_sms = lambda device_index: units
-    attention.max_shared_memory = lambda device_index: limit
-    attention.tensor_descriptors_supported = lambda device_index, interpret: False
-    attention.dependent_launch_supported = lambda device_index: False
-    attention.device_is_amd = lambda device_index: target.backend == "hip"
+    configs._num_sms = lambda device_index: units
+    configs.max_shared_memory = lambda device_index: limit
+    planning.dependent_launch_supported = lambda device_index: False
+    configs.device_is_amd = lambda device_index: target.backend == "hip"
     configs.reload()
     return limit
 

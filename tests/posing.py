@@ -15,8 +15,8 @@ import dataclasses
 import inspect
 from collections.abc import Iterator
 
-from triton_paged_ops import configs, plan
-from triton_paged_ops.kernels import attention
+from triton_paged_ops import configs, prepared
+from triton_paged_ops import plan as planning
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +38,7 @@ POSES = {"h200-table": H200, "heuristic": H100, "heuristic-mi300x": MI300X}
 # Variants (``LaunchPlan.variant()``, as planned for the GPU) that interpreted launches ran inside ``planned_as``.
 LAUNCHED: set[tuple] = set()
 
-_PLAN = attention._cached_launch_plan
+_PLAN = planning._cached_launch_plan
 _PARAMS = inspect.signature(_PLAN.__wrapped__)
 
 
@@ -56,28 +56,25 @@ def _posed_plan(*args):
 @contextlib.contextmanager
 def planned_as(gpu: Gpu) -> Iterator[None]:
     """Plan interpreted launches (and ``attention_launch_plan`` for device 0) as on ``gpu`` inside the block."""
-    copies = not gpu.amd and float(gpu.capability) >= 9
     patches = [
         (configs, "device_identity", lambda device_index: (gpu.name, gpu.capability)),
         (configs, "triton_version", lambda: gpu.triton),
-        (plan, "_num_sms", lambda device_index: gpu.units),
-        (attention, "max_shared_memory", lambda device_index: gpu.shared),
-        (attention, "device_is_amd", lambda device_index: gpu.amd),
-        # The interpreter cannot run a dependent launch's grid-dependency control. (Block copies it can: sm_90 and
-        # newer NVIDIA GPUs have them.)
-        (attention, "dependent_launch_supported", lambda device_index: False),
-        (attention, "tensor_descriptors_supported", lambda device_index, interpret: copies),
-        (attention, "_cached_launch_plan", _posed_plan),
+        (configs, "_num_sms", lambda device_index: gpu.units),
+        (configs, "max_shared_memory", lambda device_index: gpu.shared),
+        (configs, "device_is_amd", lambda device_index: gpu.amd),
+        # The interpreter cannot run a dependent launch's grid-dependency control.
+        (planning, "dependent_launch_supported", lambda device_index: False),
+        (planning, "_cached_launch_plan", _posed_plan),
     ]
     saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
     for module, name, value in patches:
         setattr(module, name, value)
     configs.reload()
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     try:
         yield
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
         configs.reload()
-        attention.PREPARED.clear()
+        prepared.PREPARED.clear()

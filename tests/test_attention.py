@@ -14,17 +14,18 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
-from triton_paged_ops import reference
+from triton_paged_ops import configs, prepared, reference
+from triton_paged_ops import plan as planning
+from triton_paged_ops.configs.heuristic import attention_config_override
 from triton_paged_ops.inputs import random_paged_batch
-from triton_paged_ops.kernels import attention
-from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
+from triton_paged_ops.kernels import schedule
 from triton_paged_ops.ops import INTERPRET
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, attention_launch_plan
 
 from .strategies import Spec, build, guarded, poison_unowned_slots, specs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# (bf16 too under the interpreter: the kernels widen its products to fp32 there, see ``attention._mma``.)
+# (bf16 too under the interpreter: the kernels widen its products to fp32 there, see ``attention_tile._mma``.)
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # The interpreter runs a 128x128 tile step in ~10 ms: keep each CPU example to a few seconds.
 MAX_WORK = 96 if DEVICE == "cpu" else None
@@ -139,8 +140,8 @@ def test_matches_reference(spec):
               use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=1,
               extra_cols=0, tiles=(32, 16), seed=11)
 )  # fmt: skip
-def test_clamped_page_guard_changes_nothing_on_a_valid_table(spec):
-    """``page_guard=2`` (bad page ids read page 0 instead of dropping their keys) builds its key mask from the key
+def test_clamped_page_ids_change_nothing_on_a_valid_table(spec):
+    """``clamp_pages`` (bad page ids read page 0 instead of dropping their keys) builds its key mask from the key
     index alone, and whole tiles below kv_len (one-token rows' tiles, taller tiles' unmasked range) run unguarded:
     on a valid block table every output matches the reference, and under the interpreter the bits of the default
     guard."""
@@ -148,13 +149,13 @@ def test_clamped_page_guard_changes_nothing_on_a_valid_table(spec):
     t, hq = p.q.shape[:2]
     tiles = {"BLOCK_M": spec.tiles[0], "BLOCK_N": spec.tiles[1]} if spec.tiles is not None else {}
     results = []
-    # (fp8 decode and prefill default to guard 2, so both guards are set. One override with the spec's tiles too:
+    # (fp8 decode and prefill default to clamping, so both ways are set. One override with the spec's tiles too:
     # an inner override replaces an outer one.)
-    for guard in (1, 2):
+    for guard in (False, True):
         out = torch.full((t, hq, spec.head_dim_v), float("nan"), dtype=p.q.dtype, device=p.q.device)
         lse = torch.full((t, hq), float("nan"), device=p.q.device)
         with attention_config_override(**tiles, **({"num_splits": spec.num_splits} if spec.num_splits else {}),
-                                       page_guard=guard):  # fmt: skip
+                                       clamp_pages=guard):  # fmt: skip
             tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
         results.append((out, lse))
     (out, lse), (out2, lse2) = results
@@ -272,11 +273,9 @@ def test_split_kv_boundaries(page_size, num_splits, block_n):
 
 @pytest.mark.parametrize("num_splits", [1, 5])
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
-def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
-    """Every ``decode_order`` maps the grid onto the same (sequence, KV head, segment) programs, and both
-    ``split_merge`` ways (a second kernel, or the last segment program of each tile) merge the partials: outputs
-    equal the reference, orders agree bit for bit, and in batch-invariant mode the two merges too (same fold). The
-    batch has empty segments, padding and 1-token sequences; the in-kernel merge's counters end at zero."""
+def test_decode_dispatch_orders(num_splits, invariant):
+    """Every ``decode_order`` maps the grid onto the same (sequence, KV head, segment) programs: outputs equal the
+    reference and the orders agree bit for bit. The batch has empty segments, padding and 1-token sequences."""
     spec = Spec(q_lens=[1, 1, 2, 1, 1], kv_lens=[1, 700, 17, 48, 161], pad_tokens=2, page_size=16, num_kv_heads=2,
                 group=2, head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.125, strided=False, spare_pages=1,
@@ -285,36 +284,25 @@ def test_decode_dispatch_orders_and_split_merges(num_splits, invariant):
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     n = p.num_real_tokens
     got = {}
-    for merge in (1, 2):
-        for order in (1, 2, 3, 4):
-            # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one.)
-            # (Batch-invariant mode splits by its fixed segments, here 64 keys: 11 of them for the longest row; a
-            # grid this small takes one program per 32-key leaf, 22, except with the in-kernel merge, which folds
-            # whole segments.)
-            cfg = dict(
-                BLOCK_M=16,
-                BLOCK_N=32,
-                num_splits=num_splits,
-                decode_order=order,
-                split_merge=merge,
-                invariant_segment=64,
-            )
-            with attention_config_override(**cfg):
-                plan = _launch_plan(p, invariant)
-                assert plan.constexprs["DECODE_ORDER"] == order
-                assert plan.constexprs["MERGE_IN_KERNEL"] == (merge == 2 and plan.split.num_splits > 1)
-                assert plan.split.num_splits == ((22 if merge == 1 else 11) if invariant else num_splits)
-                # Every segment index must be written by this run (partial or lse = -inf), not left from the last.
-                kept = attention._scratch_buffers().get(("workspace", p.q.get_device()))
-                if kept is not None:
-                    kept.fill_(float("nan"))
-                got[merge, order] = run_out_variant(p, batch_invariant=invariant)
-    for (merge, order), (out, lse) in got.items():
-        first = got[merge if not invariant else 1, 1]
+    for order in configs.CHOICES["decode_order"]:
+        # (The spec forces no tiles, so run_out_variant adds no override of its own inside this one. Batch-invariant
+        # mode splits by its fixed segments, here 64 keys: 11 of them for the longest row; a grid this small takes
+        # one program per 32-key leaf, 22.)
+        cfg = dict(BLOCK_M=16, BLOCK_N=32, num_splits=num_splits, decode_order=order, invariant_segment=64)
+        with attention_config_override(**cfg):
+            plan = _launch_plan(p, invariant)
+            assert plan.constexprs["DECODE_ORDER"] == order
+            assert plan.split.num_splits == (22 if invariant else num_splits)
+            # Every segment index must be written by this run (partial or lse = -inf), not left from the last.
+            kept = getattr(prepared._LOCAL, "buffers", {}).get(p.q.get_device())
+            if kept is not None:
+                kept[0].fill_(float("nan"))
+            got[order] = run_out_variant(p, batch_invariant=invariant)
+    first = got["sequences"]
+    for order, (out, lse) in got.items():
         assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, n)
-        assert torch.equal(out[:n], first[0][:n]) and torch.equal(lse[:n], first[1][:n]), (merge, order)
+        assert torch.equal(out[:n], first[0][:n]) and torch.equal(lse[:n], first[1][:n]), order
         assert out[n:].isnan().all()  # padding rows stay unwritten
-    assert all(not c.any() for k, c in attention._scratch_buffers().items() if k[0] == "merge_counts")
 
 
 def _launch_plan(p, batch_invariant: bool = False, decode_tail: int = -1):
@@ -394,89 +382,6 @@ def test_mixed_batch_decode_rows_take_a_wider_kv_tile_when_nothing_splits(num_sp
     assert out[p.num_real_tokens :].isnan().all()
 
 
-@pytest.mark.parametrize("page_size", [16, 32])
-@pytest.mark.parametrize(
-    ("window_left", "num_splits", "q_lens"),
-    [(-1, None, [37, 1, 20, 3]), (24, None, [37, 1, 20, 3]), (-1, 2, [37, 1, 20, 3]), (-1, None, [9, 1, 4, 3])],
-    ids=["prefill", "window", "split", "short"],
-)
-def test_block_copies_through_tensor_descriptors(page_size, window_left, num_splits, q_lens):
-    """``kv_loads=2``: tall tiles inside one page arrive as one tensor-descriptor copy per tile. Chunks on a prefix,
-    whole prompts and decode rows in one launch (the decode rows keep their gathers), short queries (which the
-    planner splits), unowned slots NaN: every row matches the reference, and under the interpreter the gathers'
-    bits."""
-    dtype = torch.float16
-    # (build fills the unowned slots with NaN.)
-    spec = Spec(q_lens=q_lens, kv_lens=[100, 50, 20, 70], pad_tokens=2, page_size=page_size, num_kv_heads=2,
-                group=4, head_dim=64, head_dim_v=64, dtype=dtype, causal=True, window_left=window_left, softcap=0.0,
-                use_alibi=False, use_sinks=False, use_kv_scale=False, scale=64**-0.5, strided=False, spare_pages=2,
-                extra_cols=0, tiles=(32, 16), seed=page_size + window_left, num_splits=num_splits)  # fmt: skip
-    p = build(spec, DEVICE)
-    n = p.num_real_tokens
-    results = []
-    for loads in (1, 2):
-        out = torch.full((p.q.shape[0], 8, 64), float("nan"), dtype=dtype, device=DEVICE)
-        lse = torch.full((p.q.shape[0], 8), float("nan"), device=DEVICE)
-        cfg = dict(BLOCK_M=32, BLOCK_N=16, kv_loads=loads, **({"num_splits": num_splits} if num_splits else {}))
-        with attention_config_override(**cfg):
-            assert _launch_plan(p).constexprs["KV_DESC"] == (loads == 2)
-            tpa.paged_attention_out(*p.args, **p.kwargs, out=out, lse=lse)
-        results.append((out, lse))
-    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
-    out, lse = results[1]
-    assert_close_to_reference(out, lse, ref_out, ref_lse, dtype, n)
-    assert out[n:].isnan().all()
-    if DEVICE == "cpu":
-        assert torch.equal(out[:n], results[0][0][:n]) and torch.equal(lse[:n], results[0][1][:n])
-
-
-def test_block_copies_fall_back_to_gathers_off_16_byte_addresses(monkeypatch):
-    """Caches whose base address a descriptor cannot take (2 bytes past 16-byte alignment), in a repeat of an aligned
-    call's metadata or in a first call: the launch gathers instead, with the same results."""
-    gen = torch.Generator(device=DEVICE).manual_seed(3)
-    b = random_paged_batch([20, 12], [40, 30], num_q_heads=4, num_kv_heads=2, head_dim=32, page_size=16,
-                           dtype=torch.float16, device=DEVICE, generator=gen)  # fmt: skip
-    ref = reference.paged_attention(*b.args[:9])
-    flat = torch.empty(2 * b.k_cache.numel() + 8, dtype=torch.float16, device=DEVICE)
-    caches = []
-    for offset in (0, 1):
-        k = flat[offset : offset + b.k_cache.numel()].view(b.k_cache.shape)
-        v = flat[offset + b.k_cache.numel() : offset + 2 * b.k_cache.numel()].view(b.k_cache.shape)
-        assert attention.kv_desc_layout_ok(k, v)  # (the layout allows descriptors: only the address does not)
-        caches.append((k, v))
-    launched = []
-    real = attention._launch_attention
-
-    class Spy:
-        def __call__(self, grid, args, constexprs, *rest):
-            launched.append(constexprs["KV_DESC"])
-            return real(grid, args, constexprs, *rest)
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    monkeypatch.setattr(attention, "_launch_attention", Spy())
-    outs = []
-    with attention_config_override(BLOCK_M=32, BLOCK_N=16, kv_loads=2):
-        for k, v in (*caches, caches[1]):
-            k.copy_(b.k_cache)
-            v.copy_(b.v_cache)
-            outs.append(tpa.paged_attention(b.q, k, v, *b.args[3:]))
-            if len(outs) == 2:
-                # The repeat at the unaligned address used the aligned call's prepared launch: forget it.
-                attention.PREPARED.clear()
-    # Aligned: copies; the same metadata unaligned: gathers; a first call unaligned: gathers.
-    assert launched == [True, False, False]
-    # Layouts a descriptor cannot take: pages not adjacent (every other slot row of a wider buffer), and slots 8
-    # bytes apart.
-    wide = torch.empty(4, 32, 2, 32, dtype=torch.float16, device=DEVICE)
-    assert not attention.kv_desc_layout_ok(wide[:, :16], wide[:, :16])
-    narrow = torch.empty(4, 16, 1, 4, dtype=torch.float16, device=DEVICE)
-    assert not attention.kv_desc_layout_ok(narrow, narrow)
-    for out in outs:
-        torch.testing.assert_close(out.float(), ref.float(), rtol=2e-3, atol=2e-3)
-
-
 @pytest.mark.gpu
 @settings(max_examples=100)
 @given(spec=specs(dtypes=(torch.bfloat16,), max_seqs=16, max_q=1024, max_ctx=8192))
@@ -522,7 +427,7 @@ def test_prompt_batches_said_to_hold_no_decodes(data):
     if entry is not None:
         assert lp.options["num_warps"] == entry["num_warps"]
         assert lp.options.get("maxnreg") == entry.get("maxnreg")
-        assert lp.constexprs["DIAG_LOOP"] == entry.get("diag_loop", 1)
+        assert lp.constexprs["DIAG_LOOP"] == entry.get("diag_loop", "separate")
     out = torch.full((p.q.shape[0], 32, head_dim), float("nan"), dtype=p.q.dtype, device=DEVICE)
     lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
     tpa.paged_attention_out(*p.args, **extra, decode_tail=hint, out=out, lse=lse)
@@ -537,7 +442,7 @@ def test_fp8_decode_of_batches_that_fill_the_gpu(data):
     """One-token batches with at least one (sequence, KV head) pair per SM (the ``decode_large`` table entry where a
     table has one: the H200's fp8 entry runs one-warp programs) on an fp8 cache: ragged lengths from 1 key, page
     sizes 1 and 16, padding rows, against the reference on the dequantized cache."""
-    from triton_paged_ops.plan import num_sms_of
+    from triton_paged_ops.configs import num_sms_of
 
     num_kv_heads = data.draw(st.sampled_from((8, 4)))
     full = -(-num_sms_of(torch.device(DEVICE)) // num_kv_heads)
@@ -562,14 +467,14 @@ def test_interpreter_is_on_without_gpu():
 
 
 def test_narrow_offsets_only_where_every_cache_element_fits_31_bits():
-    """K/V offsets are 32-bit (``kv_offsets`` 2) only while each cache's last element lies below 2^31 elements from
+    """K/V offsets are 32-bit only while each cache's last element lies below 2^31 elements from
     its base; a larger K or V cache gets 64-bit offsets (metadata only: meta tensors hold no memory)."""
     fits = torch.empty(1 << 17, 16, 8, 128, device="meta")  # last element at 2^31 - 1
     past = torch.empty((1 << 17) + 1, 16, 8, 128, device="meta")
-    assert attention.narrow_offsets_ok(fits, fits)
-    assert not attention.narrow_offsets_ok(past, fits) and not attention.narrow_offsets_ok(fits, past)
+    assert planning.narrow_offsets_ok(fits, fits)
+    assert not planning.narrow_offsets_ok(past, fits) and not planning.narrow_offsets_ok(fits, past)
     # A view's strides count, not its element count: every other page of the larger cache reaches past 2^31.
-    assert past[::2].numel() < fits.numel() and not attention.narrow_offsets_ok(past[::2], past[::2])
+    assert past[::2].numel() < fits.numel() and not planning.narrow_offsets_ok(past[::2], past[::2])
     spec = Spec(q_lens=[1], kv_lens=[40], pad_tokens=0, page_size=16, num_kv_heads=2, group=2, head_dim=32,
                 head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0, use_alibi=False,
                 use_sinks=False, use_kv_scale=False, scale=0.2, strided=False, spare_pages=0, extra_cols=0,
@@ -581,30 +486,35 @@ def test_narrow_offsets_only_where_every_cache_element_fits_31_bits():
         softcap=0.0, has_alibi=False, has_sinks=False, has_k_scale=False, has_v_scale=False, has_rows=False,
         want_lse=False, device_index=None if INTERPRET else torch.cuda.current_device(), interpret=INTERPRET,
     )  # fmt: skip
-    assert attention.narrow_offsets_ok(p.k_cache, p.v_cache)
+    assert planning.narrow_offsets_ok(p.k_cache, p.v_cache)
     assert attention_launch_plan(**fixed).constexprs["NARROW_OFFSETS"]
     assert not attention_launch_plan(**fixed, narrow_offsets=False).constexprs["NARROW_OFFSETS"]
-    with attention_config_override(kv_offsets=1):
-        assert not attention_launch_plan(**fixed).constexprs["NARROW_OFFSETS"]
 
 
-@pytest.mark.parametrize("guard", [1, 2])
-def test_wide_and_narrow_offsets_give_the_same_bits(guard):
-    """The offset width changes addresses only: 64-bit offsets (``kv_offsets`` 1, what caches past 2^31 elements
-    get) and 32-bit ones give bitwise the same outputs on a mixed batch with split decode rows and prefill chunks
+@pytest.mark.parametrize("guard", [False, True], ids=["dropped", "page 0"])
+def test_wide_and_narrow_offsets_give_the_same_bits(guard, monkeypatch):
+    """The offset width changes addresses only: 64-bit offsets (what caches past 2^31 elements get) and 32-bit
+    ones give bitwise the same outputs on a mixed batch with split decode rows and prefill chunks
     over strided caches and spare pages, both close to the reference."""
     spec = Spec(q_lens=[1, 30, 1], kv_lens=[200, 90, 33], pad_tokens=1, page_size=16, num_kv_heads=2, group=2,
                 head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=True, spare_pages=3,
                 extra_cols=1, tiles=(32, 16), seed=3, num_splits=2)  # fmt: skip
     p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2, page_guard=guard)
-    _assert_same_bits_under(p, [dict(cfg, kv_offsets=1), dict(cfg, kv_offsets=2)])
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2, clamp_pages=guard)
+    narrow = _assert_same_bits_under(p, [cfg])
+    monkeypatch.setattr(planning, "narrow_offsets_ok", lambda k_cache, v_cache: False)
+    with attention_config_override(**cfg):
+        assert not _launch_plan(p).constexprs["NARROW_OFFSETS"]
+    wide = _assert_same_bits_under(p, [cfg])
+    n = p.num_real_tokens
+    assert torch.equal(wide[0][0][:n], narrow[0][0][:n]) and torch.equal(wide[0][1][:n], narrow[0][1][:n])
 
 
-def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True, calls: list[dict] | None = None) -> None:
+def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True, calls: list[dict] | None = None) -> list:
     """The built batch ``p`` run under each config override (outputs NaN-poisoned first; ``calls``: extra call
-    arguments per run): every run close to the reference, and (``same_bits``) all of them bitwise equal."""
+    arguments per run): every run close to the reference, and (``same_bits``) all of them bitwise equal. Returns
+    the runs' (out, lse)."""
     spec = p.spec
     t, hq = p.q.shape[:2]
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
@@ -619,6 +529,7 @@ def _assert_same_bits_under(p, overrides: list[dict], same_bits: bool = True, ca
         got.append((out, lse))
     for out, lse in got[1:] if same_bits else ():
         assert torch.equal(out[:n], got[0][0][:n]) and torch.equal(lse[:n], got[0][1][:n])
+    return got
 
 
 def _assert_close_under(p, overrides: list[dict], calls: list[dict] | None = None) -> None:
@@ -627,28 +538,10 @@ def _assert_close_under(p, overrides: list[dict], calls: list[dict] | None = Non
     _assert_same_bits_under(p, overrides, same_bits=False, calls=calls)
 
 
-@pytest.mark.parametrize("guard", [1, 2])
-def test_scores_one_tile_ahead_give_the_same_bits(guard):
-    """``qk_ahead`` 2 (taller tiles' unmasked loop scores the next tile before reducing the current one) changes
-    the order of work, not its arithmetic: the bits of the plain loop, on chunks over a prefix (long unmasked
-    runs, a range that ends where the next tile lies past kv_len), a one-token row and a short chunk whose
-    unmasked range is empty."""
-    spec = Spec(q_lens=[40, 1, 3, 20], kv_lens=[200, 77, 3, 150], pad_tokens=2, page_size=16, num_kv_heads=2, group=2,
-                head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=-1, softcap=0.0,
-                use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2, strided=False, spare_pages=2,
-                extra_cols=1, tiles=(32, 16), seed=13)  # fmt: skip
-    p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, page_guard=guard)
-    for ahead in (1, 2):
-        with attention_config_override(**cfg, qk_ahead=ahead):
-            assert _launch_plan(p).constexprs["QK_AHEAD"] == (ahead == 2)
-    _assert_same_bits_under(p, [dict(cfg, qk_ahead=1), dict(cfg, qk_ahead=2)])
-
-
 @pytest.mark.parametrize("window_left", [-1, 40])
 def test_accumulator_rescaled_every_tile_gives_the_same_bits(window_left):
-    """``acc_rescale`` 2 multiplies the accumulator every tile instead of skipping tiles where no row's running max
-    moved; a row whose max stayed is multiplied by exactly 1, so a mixed batch (split decode rows, prefill chunks
+    """``acc_rescale`` "always" multiplies the accumulator every tile instead of skipping tiles where no row's running
+    max moved; a row whose max stayed is multiplied by exactly 1, so a mixed batch (split decode rows, prefill chunks
     over a prefix, a window) gives the bits of the skipping loop, both close to the reference."""
     spec = Spec(q_lens=[40, 1, 3, 20], kv_lens=[200, 177, 3, 150], pad_tokens=2, page_size=16, num_kv_heads=2,
                 group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True, window_left=window_left,
@@ -656,40 +549,20 @@ def test_accumulator_rescaled_every_tile_gives_the_same_bits(window_left):
                 spare_pages=2, extra_cols=1, tiles=(32, 16), seed=29, num_splits=2)  # fmt: skip
     p = build(spec, DEVICE)
     cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2)
-    for mode in (1, 2):
+    for mode in configs.CHOICES["acc_rescale"]:
         with attention_config_override(**cfg, acc_rescale=mode):
             assert _launch_plan(p).constexprs["ACC_RESCALE"] == mode
-    _assert_same_bits_under(p, [dict(cfg, acc_rescale=1), dict(cfg, acc_rescale=2)])
-
-
-@pytest.mark.parametrize("dtype,window_left,features", [
-    (torch.float16, -1, False),
-    (torch.float16, 40, True),  # a window, a soft cap and ALiBi slopes (scores scaled outside the exponent)
-    (torch.float32, -1, True),  # fp32 tiles: the row sums' product at full precision
-])  # fmt: skip
-def test_row_sums_on_the_tensor_cores_match_the_reference(dtype, window_left, features):
-    """``acc_rescale`` 3 multiplies every tile and takes each row's sum of probabilities as P @ 1 from the rounded P
-    that P @ V uses: other bits than the fp32 sums, so every row of a mixed batch (split decode rows, prefill chunks
-    over a prefix, a row of 3 keys) is checked against the reference, outputs and lse, after NaN poisoning."""
-    spec = Spec(q_lens=[40, 1, 3, 20], kv_lens=[200, 177, 3, 150], pad_tokens=2, page_size=16, num_kv_heads=2,
-                group=2, head_dim=32, head_dim_v=32, dtype=dtype, causal=True, window_left=window_left,
-                softcap=30.0 if features else 0.0, use_alibi=features, use_sinks=True, use_kv_scale=False, scale=0.2,
-                strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=31, num_splits=2)  # fmt: skip
-    p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, num_splits=2)
-    with attention_config_override(**cfg, acc_rescale=3):
-        assert _launch_plan(p).constexprs["ACC_RESCALE"] == 3
-    _assert_close_under(p, [dict(cfg, acc_rescale=1), dict(cfg, acc_rescale=3)])
+    _assert_same_bits_under(p, [dict(cfg, acc_rescale=mode) for mode in configs.CHOICES["acc_rescale"]])
 
 
 @pytest.mark.parametrize("page_size,tile,warps,sinks,guard", [
-    (16, 64, 4, True, 2),  # runs of 16 keys: one page id per run
-    (64, 128, 2, False, 2),  # runs of 64 keys inside 64-key pages
-    (16, 128, 2, True, 1),  # runs of 64 keys over 4 pages: one id per key, bad ids dropped
-    (1, 64, 4, False, 1),  # token-level pages
+    (16, 64, 4, True, True),  # runs of 16 keys: one page id per run
+    (64, 128, 2, False, True),  # runs of 64 keys inside 64-key pages
+    (16, 128, 2, True, False),  # runs of 64 keys over 4 pages: one id per key, bad ids dropped
+    (1, 64, 4, False, False),  # token-level pages
 ])  # fmt: skip
 def test_one_token_rows_cut_into_runs_per_warp_match_the_reference(page_size, tile, warps, sinks, guard):
-    """``small_chunks`` 2: a mixed launch's one-token rows cut each KV tile into one run of keys per warp, each run
+    """A mixed launch's one-token rows cut each KV tile into one run of keys per warp, each run
     its own online softmax, merged at the end. Every row is written and matches the reference: rows shorter than a
     run, a single key, lengths that end inside a run or a tile, a row spanning many tiles, the sink counted once;
     prefill chunks beside them unchanged."""
@@ -698,12 +571,11 @@ def test_one_token_rows_cut_into_runs_per_warp_match_the_reference(page_size, ti
                 causal=True, window_left=-1, softcap=0.0, use_alibi=False, use_sinks=sinks, use_kv_scale=False,
                 scale=0.2, strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=37)  # fmt: skip
     p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, small_block_n=tile, num_warps=warps, page_guard=guard)
-    for mode in (1, 2):
-        with attention_config_override(**cfg, small_chunks=mode):
-            lp = _launch_plan(p)
-            assert lp.constexprs["SMALL_M"] > 0 and lp.constexprs["SMALL_CHUNKS"] == (warps if mode == 2 else 0)
-    _assert_close_under(p, [dict(cfg, small_chunks=1), dict(cfg, small_chunks=2)])
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, small_block_n=tile, num_warps=warps, clamp_pages=guard)
+    with attention_config_override(**cfg):
+        lp = _launch_plan(p)
+        assert lp.constexprs["SMALL_M"] > 0 and lp.constexprs["SMALL_CHUNKS"] == warps
+    _assert_close_under(p, [cfg])
 
 
 @pytest.mark.parametrize("what", ["window", "softcap", "alibi", "split"])
@@ -716,7 +588,7 @@ def test_one_token_rows_keep_the_shared_tile_where_runs_do_not_apply(what):
                 use_alibi=what == "alibi", use_sinks=False, use_kv_scale=False, scale=0.2, strided=False,
                 spare_pages=2, extra_cols=1, tiles=(32, 16), seed=41)  # fmt: skip
     p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, small_block_n=64, num_warps=4, small_chunks=2)
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, small_block_n=64, num_warps=4)
     if what == "split":
         cfg["num_splits"] = 2
     with attention_config_override(**cfg):
@@ -727,14 +599,12 @@ def test_one_token_rows_keep_the_shared_tile_where_runs_do_not_apply(what):
 @triton.jit
 def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, seq_ptr, num_seqs, tail_seq, BLOCK_Q: tl.constexpr):
     block = tl.program_id(0)
-    tail, first, used = attention._one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, tl.num_programs(0), BLOCK_Q)
-    mapped = attention._interleave_one_token_rows(block, first, used)
+    tail, first, used = schedule._one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, tl.num_programs(0), BLOCK_Q)
+    mapped = schedule._interleave_one_token_rows(block, first, used)
     tl.store(out_ptr + block, mapped)
     # Each block's sequence, found with the hint's shortcuts and by the plain search.
-    tl.store(
-        seq_ptr + 2 * block, attention._find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block, tail, first, BLOCK_Q)
-    )
-    tl.store(seq_ptr + 2 * block + 1, attention._find_seq(cu_seqlens_q_ptr, num_seqs, block, BLOCK_Q))
+    tl.store(seq_ptr + 2 * block, schedule._find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block, tail, first, BLOCK_Q))
+    tl.store(seq_ptr + 2 * block + 1, schedule._find_seq(cu_seqlens_q_ptr, num_seqs, block, BLOCK_Q))
 
 
 @pytest.mark.parametrize("q_lens,pad", [
@@ -748,9 +618,9 @@ def _dispatch_order_kernel(cu_seqlens_q_ptr, out_ptr, seq_ptr, num_seqs, tail_se
     ([1] * 50, 0),  # decodes only, over several blocks
 ])  # fmt: skip
 def test_interleaved_dispatch_order_is_a_permutation(q_lens, pad):
-    """``mixed_order`` 2's map from dispatch position to query block is a permutation of the launch's blocks for
-    any tail start it is given (a wrong ``decode_tail`` hint included); with the batch's own one-token tail it
-    alternates the others' blocks (in order, from block 0) with the tail's (in order, from the tail's first) while
+    """The interleaved dispatch order's map from dispatch position to query block is a permutation of the launch's
+    blocks for any tail start it is given (a wrong ``decode_tail`` hint included); with the batch's own one-token tail
+    it alternates the others' blocks (in order, from block 0) with the tail's (in order, from the tail's first) while
     both last. The hinted sequence search gives every block the plain search's sequence, whatever the hint."""
     block_q = 16
     cu = torch.tensor([0] + list(itertools.accumulate(q_lens)), dtype=torch.int32, device=DEVICE)
@@ -774,11 +644,11 @@ def test_interleaved_dispatch_order_is_a_permutation(q_lens, pad):
 
 
 def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
-    """A program computes its block whatever position dispatched it: with the ``decode_tail`` hint (right or
-    wrong) the interleaved order gives the batch's bits (chunks on a prefix, then one-token rows, with sinks), all
-    close to the reference. The order is taken only with a hint > 0 and ``mixed_order`` 2, and never for a lone
-    sequence. A wrong hint of 0 (no one-token rows) compiles the launch without the one-token branch: its rows then
-    take the tall tile, still close to the reference."""
+    """A program computes its block whatever position dispatched it: with the ``decode_tail`` hint (right or wrong) the
+    interleaved order gives the batch's bits (chunks on a prefix, then one-token rows, with sinks), all close to the
+    reference. The order is taken only with a hint > 0, and never for a lone sequence. A wrong hint of 0 (no one-token
+    rows) compiles the launch without the one-token branch: its rows then take the tall tile, still close to the
+    reference."""
     spec = Spec(q_lens=[40, 20, 1, 1, 1, 1, 1], kv_lens=[200, 150, 177, 3, 60, 1, 90], pad_tokens=2, page_size=16,
                 num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
                 window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
@@ -786,23 +656,23 @@ def test_decode_tail_hint_interleaves_the_order_and_keeps_the_bits():
     p = build(spec, DEVICE)
     assert tpa.decode_tail_of(spec.q_lens) == 5
     cfg = dict(BLOCK_M=32, BLOCK_N=16)
-    for order, hint, expect in ((1, 5, 1), (2, -1, 1), (2, 0, 1), (2, 5, 2)):
-        with attention_config_override(**cfg, mixed_order=order):
+    with attention_config_override(**cfg):
+        for hint, expect in ((-1, False), (0, False), (5, True)):
             assert _launch_plan(p, decode_tail=hint).constexprs["MIXED_ORDER"] == expect
     hints = (-1, 5, 2, 7)  # unknown, right, and two wrong ones
-    _assert_same_bits_under(p, [dict(cfg, mixed_order=2)] * len(hints), calls=[{"decode_tail": h} for h in hints])
+    _assert_same_bits_under(p, [cfg] * len(hints), calls=[{"decode_tail": h} for h in hints])
     with attention_config_override(**cfg):
         assert [_launch_plan(p, decode_tail=h).constexprs["SMALL_M"] > 0 for h in (-1, 0, 5)] == [True, False, True]
     _assert_close_under(p, [cfg], calls=[{"decode_tail": 0}])
     # A lone sequence has no tail beside other work: the hint leaves its launch alone.
     one = build(dataclasses.replace(spec, q_lens=[40], kv_lens=[200]), DEVICE)
-    with attention_config_override(**cfg, mixed_order=2):
-        assert _launch_plan(one, decode_tail=1).constexprs["MIXED_ORDER"] == 1
+    with attention_config_override(**cfg):
+        assert not _launch_plan(one, decode_tail=1).constexprs["MIXED_ORDER"]
 
 
 @pytest.mark.parametrize("page_size,block_n,split", [(16, 16, 1), (16, 16, 2), (16, 64, 1), (1, 16, 1), (64, 16, 1)])
 def test_page_ids_a_tile_ahead_give_the_same_bits(page_size, block_n, split):
-    """``ids_ahead`` 2 loads taller tiles' page ids a tile ahead in their unmasked range over pages of 16+ keys: the
+    """``ids_ahead`` loads taller tiles' page ids a tile ahead in their unmasked range over pages of 16+ keys: the
     same ids, so the same bits, on chunks over a prefix, a short chunk and one-token rows beside them (split or not;
     tiles inside a page, over several pages with one id per page); one-token pages keep the ids in the iteration."""
     spec = Spec(q_lens=[40, 1, 3, 20, 1], kv_lens=[300, 77, 3, 150, 200], pad_tokens=2, page_size=page_size,
@@ -810,55 +680,55 @@ def test_page_ids_a_tile_ahead_give_the_same_bits(page_size, block_n, split):
                 window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
                 strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=53)  # fmt: skip
     p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=block_n, num_splits=split, page_ids=2)
-    for mode in (1, 2):
-        with attention_config_override(**cfg, ids_ahead=mode):
-            assert _launch_plan(p).constexprs["IDS_AHEAD"] == (mode == 2 and page_size >= 16)
-    _assert_same_bits_under(p, [dict(cfg, ids_ahead=1), dict(cfg, ids_ahead=2)])
+    cfg = dict(BLOCK_M=32, BLOCK_N=block_n, num_splits=split, page_ids="per_page")
+    for ahead in (False, True):
+        with attention_config_override(**cfg, ids_ahead=ahead):
+            assert _launch_plan(p).constexprs["IDS_AHEAD"] == (ahead and page_size >= 16)
+    _assert_same_bits_under(p, [dict(cfg, ids_ahead=False), dict(cfg, ids_ahead=True)])
 
 
 @pytest.mark.parametrize("page_size,guard,window_left,ids_ahead,split", [
-    (16, 2, -1, 1, 1),
-    (16, 2, -1, 2, 1),  # page ids a tile ahead in the one loop
-    (16, 2, -1, 1, 2),  # split segments: the loop's ends inside a segment
-    (1, 2, -1, 1, 1),
-    (64, 2, -1, 2, 1),
-    (16, 1, -1, 1, 1),  # dropped page ids: two loops (the key guard)
-    (16, 2, 40, 1, 1),  # a window: two loops
+    (16, True, -1, False, 1),
+    (16, True, -1, True, 1),  # page ids a tile ahead in the one loop
+    (16, True, -1, False, 2),  # split segments: the loop's ends inside a segment
+    (1, True, -1, False, 1),
+    (64, True, -1, True, 1),
+    (16, False, -1, False, 1),  # dropped page ids: two loops (the key guard)
+    (16, True, 40, False, 1),  # a window: two loops
 ])  # fmt: skip
 def test_diagonal_tiles_in_the_unmasked_loop_give_the_same_bits(page_size, guard, window_left, ids_ahead, split):
-    """``diag_loop`` 2 runs causal taller tiles' diagonal tiles in their unmasked loop, masked from the first tile
-    that reaches the block's first row's diagonal; the tile that crosses kv_len keeps its masked loop (the slots
-    past each sequence are NaN here). Close to the reference, and under the interpreter the bits of the two-loop
-    form (compiled, the two forms may differ in lse's last bits: ptxas schedules and contracts each loop on its
-    own; seen at page 1 on an H200), on whole prompts and chunks over a prefix whose lengths end inside a tile, a
-    short chunk, one-token rows beside them and padding rows; launches with a window or dropped page ids keep two
-    loops (the plan says which), and so do batch-invariant ones."""
+    """``diag_loop`` "merged" runs causal taller tiles' diagonal tiles in their unmasked loop, masked from the first
+    tile that reaches the block's first row's diagonal; the tile that crosses kv_len keeps its masked loop (the slots
+    past each sequence are NaN here). Close to the reference, and under the interpreter the bits of the two-loop form
+    (compiled, the two forms may differ in lse's last bits: ptxas schedules and contracts each loop on its own; seen at
+    page 1 on an H200), on whole prompts and chunks over a prefix whose lengths end inside a tile, a short chunk,
+    one-token rows beside them and padding rows; launches with a window or dropped page ids keep two loops (the plan
+    says which), and so do batch-invariant ones."""
     spec = Spec(q_lens=[40, 1, 3, 20, 70, 1], kv_lens=[300, 77, 3, 150, 70, 200], pad_tokens=2, page_size=page_size,
                 num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
                 window_left=window_left, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
                 strided=False, spare_pages=2, extra_cols=1, tiles=(32, 16), seed=59, num_splits=split)  # fmt: skip
     p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=16, page_guard=guard, ids_ahead=ids_ahead, num_splits=split)
-    for mode in (1, 2):
+    cfg = dict(BLOCK_M=32, BLOCK_N=16, clamp_pages=guard, ids_ahead=ids_ahead, num_splits=split)
+    for mode in configs.CHOICES["diag_loop"]:
         with attention_config_override(**cfg, diag_loop=mode):
-            taken = mode == 2 and guard == 2 and window_left < 0
-            assert _launch_plan(p).constexprs["DIAG_LOOP"] == (2 if taken else 1)
-            assert _launch_plan(p, batch_invariant=True).constexprs["DIAG_LOOP"] == 1
-    _assert_same_bits_under(p, [dict(cfg, diag_loop=1), dict(cfg, diag_loop=2)], same_bits=INTERPRET)
+            taken = mode == "merged" and guard and window_left < 0
+            assert _launch_plan(p).constexprs["DIAG_LOOP"] == ("merged" if taken else "separate")
+            assert _launch_plan(p, batch_invariant=True).constexprs["DIAG_LOOP"] == "separate"
+    _assert_same_bits_under(p, [dict(cfg, diag_loop=m) for m in configs.CHOICES["diag_loop"]], same_bits=INTERPRET)
 
 
-@pytest.mark.parametrize("page_size,guard", [(16, 2), (16, 1), (32, 2)])
+@pytest.mark.parametrize("page_size,guard", [(16, True), (16, False), (32, True)])
 def test_page_ids_once_per_page_give_the_same_bits(page_size, guard):
-    """``page_ids`` 2 loads a taller tile's page ids once per page (pages dividing the tile) instead of once per
-    key: the same ids, so the same bits, on chunks over a prefix, a short chunk and one-token rows beside them."""
+    """``page_ids`` "per_page" loads a taller tile's page ids once per page (pages dividing the tile) instead of once
+    per key: the same ids, so the same bits, on chunks over a prefix, a short chunk and one-token rows beside them."""
     spec = Spec(q_lens=[40, 1, 3, 20, 1], kv_lens=[300, 77, 3, 150, 200], pad_tokens=2, page_size=page_size,
                 num_kv_heads=2, group=2, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
                 window_left=-1, softcap=0.0, use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.2,
                 strided=False, spare_pages=2, extra_cols=1, tiles=(32, 64), seed=47)  # fmt: skip
     p = build(spec, DEVICE)
-    cfg = dict(BLOCK_M=32, BLOCK_N=64, page_guard=guard)
-    for mode in (1, 2):
+    cfg = dict(BLOCK_M=32, BLOCK_N=64, clamp_pages=guard)
+    for mode in configs.CHOICES["page_ids"]:
         with attention_config_override(**cfg, page_ids=mode):
             assert _launch_plan(p).constexprs["PAGE_IDS"] == mode
-    _assert_same_bits_under(p, [dict(cfg, page_ids=1), dict(cfg, page_ids=2)])
+    _assert_same_bits_under(p, [dict(cfg, page_ids=m) for m in configs.CHOICES["page_ids"]])

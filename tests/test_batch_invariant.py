@@ -11,8 +11,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
-from triton_paged_ops import reference
-from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
+from triton_paged_ops import configs, reference
+from triton_paged_ops.configs.heuristic import attention_config_override
+from triton_paged_ops.plan import attention_launch_plan
 
 from .strategies import Spec, build
 from .test_attention import DEVICE, DTYPES, assert_close_to_reference
@@ -191,10 +192,11 @@ def test_invariant_plan_fixes_tile_width_and_segments():
 
 
 @pytest.mark.parametrize("window_left", [-1, 70])
-def test_leaf_programs_give_the_segment_programs_bits(window_left):
-    """Fixed segments of four leaves computed by one program per segment (``invariant_programs`` 1), by one program
-    per leaf and the reduce (3), and by one program folding a row's segments (a query bound past the short
-    regime) give the same bits: sequences ending mid-leaf and mid-segment, a sink, a window starting mid-segment."""
+def test_leaf_programs_give_the_segment_programs_bits(window_left, monkeypatch):
+    """Fixed segments of four leaves computed by one program per segment (a GPU the segments' programs fill), by
+    one program per leaf and the reduce (one they would leave idle), and by one program folding a row's segments (a
+    query bound past the short regime) give the same bits: sequences ending mid-leaf and mid-segment, a sink, a
+    window starting mid-segment."""
     spec = Spec(q_lens=[1, 1, 1], kv_lens=[300, 130, 47], pad_tokens=1, page_size=16, num_kv_heads=2, group=4,
                 head_dim=64, head_dim_v=64, dtype=torch.float16, causal=True, window_left=window_left, softcap=0.0,
                 use_alibi=False, use_sinks=True, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
@@ -202,10 +204,11 @@ def test_leaf_programs_give_the_segment_programs_bits(window_left):
     p = build(spec, DEVICE)
     tiles = {"BLOCK_N": 16, "invariant_segment": 64, "invariant_leaves": 4}
     got = []
-    for programs, max_q in ((1, 1), (3, 1), (1, 17)):
+    for sms, max_q in ((8, 1), (132, 1), (8, 17)):
+        monkeypatch.setattr(configs, "num_sms_at", lambda device_index, _sms=sms: _sms)
         out = torch.full((p.q.shape[0], p.q.shape[1], 64), float("nan"), dtype=p.q.dtype, device=DEVICE)
         lse = torch.full(p.q.shape[:2], float("nan"), device=DEVICE)
-        with attention_config_override(**tiles, invariant_programs=programs):
+        with attention_config_override(**tiles):  # (entering it drops plans made with another SM count)
             tpa.paged_attention_out(*p.args[:6], max_q, p.max_seqlen_k, spec.scale, **p.kwargs, batch_invariant=True,
                                     out=out, lse=lse)  # fmt: skip
             lp = attention_launch_plan(
@@ -216,7 +219,7 @@ def test_leaf_programs_give_the_segment_programs_bits(window_left):
                 device_index=None if ON_CPU else torch.cuda.current_device(), interpret=ON_CPU, batch_invariant=True,
             )  # fmt: skip
         # (Which plan each run took: segments, leaves, one program.)
-        want = {(1, 1): (5, 64, 4), (3, 1): (19, 16, 1), (1, 17): (1, 64, 4)}[(programs, max_q)]
+        want = {(8, 1): (5, 64, 4), (132, 1): (19, 16, 1), (8, 17): (1, 64, 4)}[(sms, max_q)]
         assert (lp.split.num_splits, lp.split.segment_len, lp.constexprs["LEAVES"]) == want
         got.append((out, lse))
     ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)

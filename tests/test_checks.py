@@ -7,7 +7,7 @@ import torch
 
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
-from triton_paged_ops.kernels.attention import attention_config_override
+from triton_paged_ops.configs.heuristic import attention_config_override
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 I32 = torch.int32
@@ -235,20 +235,20 @@ def test_decode_tail_of_host_lengths(q_lens, hint):
 
 @pytest.mark.parametrize("bad_id", [10_000_000, -3])
 @pytest.mark.parametrize("block_n", [None, 16], ids=["tile-of-pages", "tile-in-a-page"])
-@pytest.mark.parametrize("guard", [1, 2])
+@pytest.mark.parametrize("guard", [False, True], ids=["dropped", "page 0"])
 def test_out_of_range_page_ids_do_not_fault_without_debug(guard, block_n, bad_id):
     """Without debug mode a bad page id (past the cache or negative) must not read out of bounds: its keys are
-    dropped (``page_guard`` 1, the 16-bit decode default) or read from page 0 (``page_guard`` 2); the other
+    dropped (the 16-bit decode default) or read from page 0 (``clamp_pages``); the other
     sequences are untouched. Both with tiles spanning pages (one page id per key) and with tiles inside one page
     (one id per tile)."""
     args = good_args()
     good_table = args["block_table"].clone()
     args["block_table"][0, 1] = bad_id  # keys 16..19 of sequence 0 (its 4 queries sit at positions 16..19)
-    with attention_config_override(page_guard=guard, **({"BLOCK_N": block_n} if block_n else {})):
+    with attention_config_override(clamp_pages=guard, **({"BLOCK_N": block_n} if block_n else {})):
         out = call(args)
     q, k, v = args["q"], args["k_cache"], args["v_cache"]
     cu1 = torch.tensor([0, 4], dtype=I32, device=DEVICE)
-    if guard == 1:
+    if not guard:
         # Each query saw keys 0..15 and its own page is gone: all four see exactly keys 0..15.
         want0 = reference.paged_attention(q[:4], k, v, good_table[:1], cu1, torch.tensor([16], dtype=I32,
                                           device=DEVICE), 4, 16, args["scale"], causal=False)  # fmt: skip

@@ -75,12 +75,15 @@ def test_bench_arguments(capsys):
     from triton_paged_ops.bench import parse_config
 
     assert parse_config("BLOCK_N=64, num_warps=4") == {"BLOCK_N": 64, "num_warps": 4}
+    assert parse_config("ids_ahead=true,diag_loop=merged") == {"ids_ahead": True, "diag_loop": "merged"}
     assert parse_config(None) == {}
-    for bad in ("BLOCK_N", "BLOCK_N=x", "=4"):
-        with pytest.raises(ValueError, match="KEY=INTEGER"):
+    for bad in ("BLOCK_N", "BLOCK_N=", "=4"):
+        with pytest.raises(ValueError, match="KEY=VALUE"):
             parse_config(bad)
     assert main(["bench", "--config", "BLOCK_N=sixty"]) == 2
-    assert "KEY=INTEGER" in capsys.readouterr().err
+    assert "BLOCK_N must be a positive integer" in capsys.readouterr().err
+    assert main(["bench", "--config", "diag_loop=diagonal"]) == 2
+    assert "diag_loop must be one of 'separate', 'merged'" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--help"])
     help_text = capsys.readouterr().out
@@ -158,35 +161,13 @@ def test_benchmark_calls_pass_the_batch_layout_hint():
         assert check_case(inp) < 2e-3
 
 
-def test_fp8_split_benchmark_cases_and_arguments(capsys):
-    """``benchmarks.fp8_split`` runs fp8-cache copies of the decode suite's page-16 D128 cases; its configs must be
-    JSON objects (a clear error otherwise), and without a GPU it says so instead of timing anything."""
-    from benchmarks import fp8_split
-
-    cases = fp8_split.fp8_cases()
-    names = {c.name for c in cases}
-    assert {"B32x4k fp8", "B64x8k fp8", "ragged96 128..8k fp8", "Hq8/Hkv1 B64x4k fp8"} <= names
-    assert all(c.cache_dtype == torch.float8_e4m3fn and c.page_size == 16 and c.head_dim == 128 for c in cases)
-    assert len(names) == len(cases)
-    for bad in (["--config", "max_segment=4096"], ["--config", "[1]"]):
-        with pytest.raises(SystemExit) as exc:
-            fp8_split.main(bad)
-        assert exc.value.code == 2 and "JSON objects" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as exc:
-        fp8_split.main(["--only", "B3x7k"])
-    assert exc.value.code == 2 and "no case matches" in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert fp8_split.main(["--out", ""]) == 2
-        assert fp8_split.main(["--only", "B32x4k", "--batch-invariant", "--out", ""]) == 2
-
-
 def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     """``benchmarks.ab``: configs must be JSON objects of known keys, case filters must match, and the run puts
     every (config, round) in its own column with the SDPA timings and configs listed (run_suite stubbed: no GPU)."""
     from benchmarks import ab
 
     for bad, msg in ((["--config", "acc_rescale=2"], "JSON objects"), (["--config", "[1]"], "JSON objects"),
-                     (["--config", '{"acc_rescale": 4}'], "acc_rescale must be 1, 2 or 3"),
+                     (["--config", '{"acc_rescale": 2}'], "acc_rescale must be one of 'lazy', 'always'"),
                      (["--config", '{"bogus": 1}'], "unknown key"), (["--only", "B3x7k"], "no case"),
                      (["--config", '{"hints": 0}'], "hints takes true or false"),
                      (["--config", '{"exact": "yes"}'], "exact takes true or false"),
@@ -203,9 +184,9 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     calls = []
 
     def fake_suite(cases, seed=0, with_sdpa=True, with_invariant=False, hints=True):
-        from triton_paged_ops.kernels import attention
+        from triton_paged_ops.configs import heuristic
 
-        calls.append((dict(attention._config_override), with_sdpa, hints, ab.config_tables._exact_only))
+        calls.append((dict(heuristic._config_override), with_sdpa, hints, ab.config_tables._exact_only))
         recs = [{"case": c.name, "provider": "tpa", "us": 10.0 * len(calls), "tflops": 1.0, "kv_tbps": 2.0,
                  "rel_err": 1e-3} for c in cases]  # fmt: skip
         recs += [{"case": c.name, "provider": "sdpa_dense", "us": 7.0, "tflops": 1.0, "kv_tbps": 2.0}
@@ -214,15 +195,17 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
 
     monkeypatch.setattr(ab, "run_suite", fake_suite)
     monkeypatch.setattr(ab.torch.cuda, "get_device_name", lambda *a: "stub")
-    result, text = ab.run(picked[:2], [{}, {"acc_rescale": 2, "hints": False, "exact": True}], rounds=2, sdpa=True)
-    assert [c[0] for c in calls] == [{}, {"acc_rescale": 2}, {}, {"acc_rescale": 2}]
+    result, text = ab.run(picked[:2], [{}, {"acc_rescale": "always", "hints": False, "exact": True}], rounds=2,
+                          sdpa=True)  # fmt: skip
+    assert [c[0] for c in calls] == [{}, {"acc_rescale": "always"}, {}, {"acc_rescale": "always"}]
     assert [c[1] for c in calls] == [True, False, False, False]
     assert [c[2] for c in calls] == [True, False, True, False]
     assert [c[3] for c in calls] == [False, True, False, True] and not ab.config_tables._exact_only
     assert text.splitlines()[0].split()[-4:] == ["c0/r0", "c1/r0", "c0/r1", "c1/r1"]
     row = next(line for line in text.splitlines() if line.startswith("prefill 4x2k "))
     assert row.split()[-4:] == ["10.0", "20.0", "30.0", "40.0"]
-    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text and 'c1: {"acc_rescale": 2, "hints": false, "exact": true}' in text
+    assert "sdpa_dense prefill 4x2k: 7.0 µs" in text
+    assert 'c1: {"acc_rescale": "always", "hints": false, "exact": true}' in text
     assert len(result["rows"]) == 4 * 2 + 2 and result["rounds"] == 2
     # --dtype float16: fp16 queries everywhere; fp8 caches stay fp8, the others follow the queries.
     decode = ab.SUITES["decode"]()
@@ -243,31 +226,6 @@ def test_overhead_rounds_give_each_timing_its_median_and_keep_every_round():
     assert res["call"] == 21.0 and res["floor"] == 5.5 and res["num_launches"] == 1
     assert res["call_rounds"] == [30.0, 20.0, 21.0] and res["floor_rounds"] == [9.0, 5.0, 5.5]
     assert over_rounds(rounds[:1]) == rounds[0]
-
-
-def test_program_rates_stream_kernel_reads_every_row():
-    """``benchmarks.program_rates``' streaming kernel: each program's stored rows are the column sums of its own
-    slice (every row read once, no row of another slice), and bad configs are usage errors naming the value."""
-    from benchmarks.program_rates import main, stream_call, stream_rows
-
-    programs, rows, d = 3, 64, 32
-    gen = torch.Generator().manual_seed(5)
-    x = torch.randn(programs * rows, d, generator=gen).to(torch.float16)
-    out = torch.full((programs * 16 * d,), float("nan"))
-    stream_rows[(programs,)](x, out, x.shape[0], rows, BLOCK_N=16, D=d, STAGES=1, BLOCK_COPIES=False, num_warps=4)
-    want = x.float().view(programs, rows, d).sum(1)
-    got = out.view(programs, 16, d)
-    torch.testing.assert_close(got, want[:, None, :].expand(programs, 16, d), rtol=1e-3, atol=1e-3)
-    with pytest.raises(ValueError, match="multiple of the tile"):
-        stream_call("gathers", x, out, programs, rows - 8, (16, 4, 1))
-    with pytest.raises(ValueError, match="within the array"):
-        stream_call("gathers", x, out, programs + 1, rows, (16, 4, 1))
-    with pytest.raises(SystemExit):
-        main(["--config", "[1]"])
-    with pytest.raises(SystemExit):
-        main(["--config", '{"no_such_key": 1}'])
-    with pytest.raises(SystemExit):
-        main(["--config", '{"hints": false}'])
 
 
 def test_common_options_go_before_or_after_the_sub_command():

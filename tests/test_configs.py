@@ -13,7 +13,7 @@ import torch
 from triton_paged_ops import configs
 from triton_paged_ops.__main__ import main
 from triton_paged_ops.checks import decode_tail_of
-from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
+from triton_paged_ops.configs.heuristic import attention_config_override, select_attention_config
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
 from triton_paged_ops.tune import FINAL_ROUNDS, FINALISTS, accumulator_fits, candidates, shape_grid, short_q_len, tune
 
@@ -245,7 +245,7 @@ def test_tune_keeps_the_baseline_when_nothing_beats_it(tables, shipped_entry):
     every config gets by default; lookups then give the very config that was measured."""
     _, shipped = tables
     if shipped_entry:
-        (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32, page_guard=1, max_segment=1024)])))
+        (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32, clamp_pages=False, max_segment=1024)])))
         configs.reload()
     baseline = select_attention_config(64, 2, torch.float16, 1, INTERPRET, None)
     records = tune([torch.float16], [64], ["decode"], num_q_heads=4, num_kv_heads=2, page_size=16, device="cpu",
@@ -253,19 +253,19 @@ def test_tune_keeps_the_baseline_when_nothing_beats_it(tables, shipped_entry):
     assert records[0]["total_us"] == records[0]["baseline_us"]
     written = configs.read_file(configs.user_config_path())
     (entry,) = written.values()
-    keys = {*configs.TILE_KEYS, *configs.SPLIT_KEYS} | ({"page_guard"} if shipped_entry else set())
+    keys = {*configs.TILE_KEYS, *configs.SPLIT_KEYS} | ({"clamp_pages"} if shipped_entry else set())
     assert entry == {k: v for k, v in baseline.items() if k in keys}
-    assert ("page_guard" in entry) == shipped_entry and "kv_offsets" not in entry
+    assert ("clamp_pages" in entry) == shipped_entry and "acc_rescale" not in entry
     assert select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) == baseline
 
 
 @pytest.mark.skipif(not INTERPRET, reason="tiny interpreter grid; GPU tuning is recorded separately")
 def test_tune_writes_the_table_options_its_winner_ran_with(tables):
-    """Candidates set tiles only and run over the table entry's other keys (here a shipped ``page_guard`` 1 and a
+    """Candidates set tiles only and run over the table entry's other keys (here a shipped ``clamp_pages`` false and a
     split bound): the entry written for the winner must hold them too, or lookups would give another config than
     the one measured."""
     _, shipped = tables
-    (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32, page_guard=1, max_segment=1024)])))
+    (shipped / "gpu.json").write_text(json.dumps(_file([_entry(32, clamp_pages=False, max_segment=1024)])))
     configs.reload()
     seen = []
 
@@ -278,10 +278,10 @@ def test_tune_writes_the_table_options_its_winner_ran_with(tables):
                    stream=io.StringIO(), timer=timer)  # fmt: skip
     want = min(candidates("decode", True, False), key=_cost)
     written = configs.lookup(None, "float16", 64, "decode")
-    assert written == {"BLOCK_N": 32, "num_warps": 4, "page_guard": 1, "max_segment": 1024, **want}
+    assert written == {"BLOCK_N": 32, "num_warps": 4, "clamp_pages": False, "max_segment": 1024, **want}
     assert records[0]["winner"] == written
     # The candidates did run with the shipped options, and lookups now give exactly the config the winner ran as.
-    assert all(run["page_guard"] == 1 and run["max_segment"] == 1024 for cfg, run in seen if cfg)
+    assert all(run["clamp_pages"] is False and run["max_segment"] == 1024 for cfg, run in seen if cfg)
     ran = [run for cfg, run in seen if cfg == want]
     assert ran and all(run == select_attention_config(64, 2, torch.float16, 1, INTERPRET, None) for run in ran)
 
@@ -295,8 +295,8 @@ def test_tune_measures_prompts_with_their_layout_hint(tables, monkeypatch):
     from triton_paged_ops import api
 
     _, shipped = tables
-    entries = [_entry(32, regime="prefill", BLOCK_M=32, acc_rescale=1),
-               _entry(32, regime="prompts", BLOCK_M=32, acc_rescale=2)]  # fmt: skip
+    entries = [_entry(32, regime="prefill", BLOCK_M=32, acc_rescale="lazy"),
+               _entry(32, regime="prompts", BLOCK_M=32, acc_rescale="always")]  # fmt: skip
     (shipped / "gpu.json").write_text(json.dumps(_file(entries)))
     configs.reload()
     real, hints = api.paged_attention_out, []
@@ -307,7 +307,7 @@ def test_tune_measures_prompts_with_their_layout_hint(tables, monkeypatch):
 
     monkeypatch.setattr(api, "paged_attention_out", spy)
     kw = {"num_q_heads": 4, "num_kv_heads": 2, "page_size": 16, "device": "cpu", "stream": io.StringIO()}
-    for regime, hint, rescale in (("prompts", 0, 2), ("prefill", -1, 1)):
+    for regime, hint, rescale in (("prompts", 0, "always"), ("prefill", -1, "lazy")):
         hints.clear()
         records = tune([torch.float16], [64], [regime], timer=CountingTimer(), **kw)
         assert hints and set(hints) == {hint}, (regime, set(hints))
@@ -328,7 +328,8 @@ def test_candidates_whose_accumulator_takes_every_register_are_not_tried():
     assert accumulator_fits({"BLOCK_M": 128, "num_warps": 8}, 256)  # the shipped D256 prefill tile
     d128 = [c for c in cands if accumulator_fits(c, 128)]  # D128: the H200's forms fit, 256 rows at 4 warps not
     assert {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3} in d128
-    assert {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128, "diag_loop": 1} in d128
+    capped = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
+    assert {**capped, "diag_loop": "separate"} in d128
     assert not any(c["BLOCK_M"] == 256 and c["num_warps"] == 4 for c in d128)
     assert accumulator_fits({"BLOCK_N": 64, "num_warps": 1}, 256)
 
@@ -362,8 +363,8 @@ def test_prompts_candidates_hold_the_measured_forms():
     128-register cap, diagonal tiles in the unmasked loop) and the capped form with two loops, quick and full; the
     ``prefill`` candidates hold no capped or 16-warp form (mixed launches' one-token rows run on the same warps)."""
     capped = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "maxnreg": 128}
-    won = [{"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3}, {**capped, "diag_loop": 2},
-           {**capped, "diag_loop": 1}]  # fmt: skip
+    won = [{"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 16, "num_stages": 3}, {**capped, "diag_loop": "merged"},
+           {**capped, "diag_loop": "separate"}]  # fmt: skip
     for quick in (True, False):
         cands = candidates("prompts", False, quick)
         assert all(configs.validate_config(c) is None and c["BLOCK_M"] >= 16 * c["num_warps"] for c in cands)
@@ -401,19 +402,20 @@ def test_fp8_caches_have_their_own_entries(tables):
     assert block_n(None) == block_n(torch.float16) != 32
 
 
-def test_page_guard_defaults():
-    """Every launch but 16-bit decode reads bad page ids from page 0 (``page_guard`` 2, measured faster: fp8 decode,
+def test_clamp_pages_defaults():
+    """Every launch but 16-bit decode reads bad page ids from page 0 (``clamp_pages``, measured faster: fp8 decode,
     short queries, prefill); 16-bit decode drops them (1), and an override still decides."""
     fp8 = torch.float8_e4m3fn
 
     def guard(cache_dtype, max_q):
-        return select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)["page_guard"]
+        cfg = select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)
+        return cfg["clamp_pages"]
 
-    assert guard(fp8, 1) == guard(fp8, 8) == guard(None, 2) == guard(None, MAX_SPLIT_Q_LEN + 1) == 2
-    assert guard(torch.float16, 300) == 2
-    assert guard(None, 1) == guard(torch.float16, 1) == 1
-    with attention_config_override(page_guard=1):
-        assert guard(fp8, 1) == guard(None, 300) == 1
+    assert guard(fp8, 1) is guard(fp8, 8) is guard(None, 2) is guard(None, MAX_SPLIT_Q_LEN + 1) is True
+    assert guard(torch.float16, 300) is True
+    assert guard(None, 1) is guard(torch.float16, 1) is False
+    with attention_config_override(clamp_pages=False):
+        assert guard(fp8, 1) is guard(None, 300) is False
 
 
 def test_fp8_decode_split_policy_defaults(tables):
@@ -426,10 +428,11 @@ def test_fp8_decode_split_policy_defaults(tables):
         return select_attention_config(128, 4, torch.float16, max_q, INTERPRET, DEVICE_INDEX, cache_dtype)
 
     fp8_decode = cfg(fp8, 1)
-    assert (fp8_decode["max_segment"], fp8_decode["fill_percent"], fp8_decode["decode_order"]) == (4096, 90, 4)
+    split = (fp8_decode["max_segment"], fp8_decode["fill_percent"], fp8_decode["decode_order"])
+    assert split == (4096, 90, "tails_last")
     for other in (cfg(None, 1), cfg(fp8, 8), cfg(fp8, MAX_SPLIT_Q_LEN + 1)):
         assert "max_segment" not in other and "fill_percent" not in other
-    assert cfg(None, 1)["decode_order"] == 4 and cfg(fp8, 8)["decode_order"] == 1
+    assert cfg(None, 1)["decode_order"] == "tails_last" and cfg(fp8, 8)["decode_order"] == "sequences"
     with attention_config_override(max_segment=2048, fill_percent=100):
         assert (cfg(fp8, 1)["max_segment"], cfg(fp8, 1)["fill_percent"]) == (2048, 100)
 
@@ -449,9 +452,11 @@ def test_fp8_decode_candidates_include_wider_tiles():
     ("cfg", "names"),
     [({"fill_segment": 0}, "fill_segment"), ({"min_segment": -5}, "min_segment"), ({"BLOCK_N": 48}, "BLOCK_N"),
      ({"num_splits": 0}, "num_splits"), ({"min_segment": 4096, "max_segment": 1024}, "min_segment"),
-     ({"invariant_leaves": 3}, "invariant_leaves"), ({"invariant_programs": 4}, "invariant_programs"),
-     ({"kv_offsets": 3}, "kv_offsets"), ({"fill_percent": 101}, "fill_percent"),
-     ({"fill_percent": 0}, "fill_percent"), ({"acc_rescale": 0}, "acc_rescale"), ({"acc_rescale": 4}, "acc_rescale")],
+     ({"invariant_leaves": 3}, "invariant_leaves"), ({"kv_offsets": 2}, "unknown attention config keys"),
+     ({"fill_percent": 101}, "fill_percent"), ({"fill_percent": 0}, "fill_percent"),
+     ({"acc_rescale": 2}, "acc_rescale must be one of 'lazy', 'always'"), ({"ids_ahead": 1}, "ids_ahead must be true"),
+     ({"decode_order": "heads_first"}, "decode_order"), ({"clamp_pages": "yes"}, "clamp_pages"),
+     ({"BLOCK_M": True}, "BLOCK_M must be a positive integer")],
 )  # fmt: skip
 def test_config_override_names_a_bad_value(cfg, names):
     with pytest.raises(ValueError, match=names), attention_config_override(**cfg):
@@ -459,7 +464,7 @@ def test_config_override_names_a_bad_value(cfg, names):
 
 
 def _plan(num_seqs: int, max_q: int = 1, invariant: bool = False, num_kv_heads: int = 2, decode_tail: int = -1):
-    from triton_paged_ops.kernels.attention import attention_launch_plan
+    from triton_paged_ops.plan import attention_launch_plan
 
     return attention_launch_plan(
         num_q_heads=2 * num_kv_heads, num_kv_heads=num_kv_heads, head_dim=64, head_dim_v=64, page_size=16,
@@ -474,7 +479,7 @@ def test_decode_large_entry_serves_batches_with_a_pair_per_sm(tables):
     """One-token batches with at least one (sequence, KV head) pair per SM take the ``decode_large`` entry, smaller
     ones the ``decode`` entry; a table without ``decode_large`` gives its ``decode`` entry to both; other regimes
     are untouched. Batch-invariant mode takes the large batches' tile at every batch size and query length."""
-    from triton_paged_ops.plan import num_sms_of
+    from triton_paged_ops.configs import num_sms_of
 
     user, _ = tables
     sms = num_sms_of(torch.device(DEVICE))
@@ -531,7 +536,7 @@ def test_heuristic_tiles_are_fitted_to_the_shared_memory(head_dim, itemsize, lim
     """``_fit_shared_memory`` halves KV tiles (to 32 keys), then rows (never below the GQA group's), then KV tiles
     to 16, until the q tile and a K and a V tile, with the backend's slack (NVIDIA: 9/8 for 16-bit inputs, 3/2 for
     fp32; AMD: none), fit the limit; tiles that fit are left alone, as is everything when the limit is unknown."""
-    from triton_paged_ops.kernels.attention import _fit_shared_memory
+    from triton_paged_ops.configs.heuristic import _fit_shared_memory
 
     num, den = (1, 1) if amd else (3, 2) if itemsize == 4 else (9, 8)
 
@@ -622,7 +627,7 @@ def test_short_launches_whose_rows_fit_one_narrow_tile_are_their_own_regime(tabl
 def test_tuning_shapes_of_each_regime_lie_in_it(group):
     """Every tuning shape a regime's group measures is a launch of that regime (so a short entry is never tuned on
     narrow launches or the reverse); a group no launch of the regime can have is refused by name."""
-    from triton_paged_ops.plan import num_sms_of
+    from triton_paged_ops.configs import num_sms_of
 
     sms = num_sms_of(torch.device(DEVICE))
     for regime in ("decode", "decode_large", "short", "short_narrow", "prefill", "prompts"):

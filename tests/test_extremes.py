@@ -12,8 +12,8 @@ import torch
 import triton_paged_ops as tpa
 from triton_paged_ops import reference
 from triton_paged_ops.cascade import cascade_attention
+from triton_paged_ops.configs.heuristic import attention_config_override
 from triton_paged_ops.inputs import random_paged_batch
-from triton_paged_ops.kernels.attention import attention_config_override
 
 from .strategies import guarded, poison_unowned_slots
 from .test_attention import DEVICE, TOLERANCE, assert_close_to_reference
@@ -113,13 +113,13 @@ def test_huge_softcap_is_no_cap(softcap):
 
 def test_reference_page_ids_and_slots_outside_the_cache_follow_the_kernels():
     """A corrupt table or slot mapping: the reference neither raises nor wraps around. Page ids outside the cache
-    read page 0 (as the kernels' ``page_guard`` 2), slots outside it are skipped (as the cache kernel drops them)."""
+    read page 0 (as the kernels' ``clamp_pages``), slots outside it are skipped (as the cache kernel drops them)."""
     # (No NaN in unowned slots here: the bad ids read page 0 whole.)
     pb = _batch([2, 1], [40, 30], seed=4, poison=False)
     bad = pb.block_table.clone()
     bad[0, 1] = -3  # a negative id (indexing would wrap to the third page from the end)
     bad[1, 0] = pb.k_cache.shape[0] + 5
-    with attention_config_override(page_guard=2):
+    with attention_config_override(clamp_pages=True):
         out, lse = _attend(type(pb)(**{**pb.__dict__, "block_table": bad}))
     ref_out, ref_lse = reference.paged_attention_with_lse(pb.q, pb.k_cache, pb.v_cache, bad, *pb.args[4:9])
     assert_close_to_reference(out, lse, ref_out, ref_lse, torch.float32, 3)

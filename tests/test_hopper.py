@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
 from triton_paged_ops import configs, reference
+from triton_paged_ops.configs.heuristic import attention_config_override
 from triton_paged_ops.inputs import random_paged_batch
 from triton_paged_ops.kernels import hopper
-from triton_paged_ops.kernels.attention import attention_config_override, attention_launch_plan
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN
+from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, attention_launch_plan
 
 from .strategies import poison_unowned_slots
 from .test_attention import assert_close_to_reference
@@ -65,13 +65,13 @@ def test_interpreter_and_cpu_launches_never_take_it():
     """Without an sm_90 device (the interpreter, CPU tensors) the plan keeps the unified kernel, whatever the
     config says."""
     assert not hopper.available(None)
-    with attention_config_override(ws_prefill=2):
+    with attention_config_override(ws_prefill=True):
         assert _plan(None, interpret=True).ws is None
 
 
 def test_tune_grids_hold_its_forms_where_the_device_runs_it():
     """Where the device runs the kernel, the prefill and prompts grids add its forms, and the unified kernel's
-    forms say ``ws_prefill`` 1 (a table entry that takes the other kernel must not turn them into it); elsewhere,
+    forms say ``ws_prefill`` false (a table entry that takes the other kernel must not turn them into it); elsewhere,
     and for other regimes, the grids are the unified kernel's alone."""
     from triton_paged_ops.tune import candidates
 
@@ -79,9 +79,9 @@ def test_tune_grids_hold_its_forms_where_the_device_runs_it():
         for quick in (True, False):
             plain = candidates(regime, False, quick)
             both = candidates(regime, False, quick, warp_specialized=True)
-            ws = [c for c in both if c.get("ws_prefill") == 2]
-            assert [dict(c, ws_prefill=1) for c in plain] == both[: len(plain)]
-            assert len(both) == len(plain) + len(ws) and {"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2} in ws
+            ws = [c for c in both if c.get("ws_prefill")]
+            assert [dict(c, ws_prefill=False) for c in plain] == both[: len(plain)]
+            assert len(both) == len(plain) + len(ws) and {"ws_prefill": True, "ws_block_n": 128, "ws_stages": 2} in ws
             assert all(configs.validate_config(c) is None for c in both)
             assert not any("ws_prefill" in c for c in plain)
     assert candidates("decode", False, True, warp_specialized=True) == candidates("decode", False, True)
@@ -89,9 +89,9 @@ def test_tune_grids_hold_its_forms_where_the_device_runs_it():
 
 
 def test_config_keys_are_validated():
-    assert configs.validate_config({"ws_prefill": 2, "ws_block_n": 128, "ws_stages": 2, "ws_mixed_order": 2}) is None
-    assert "ws_mixed_order" in configs.validate_config({"ws_mixed_order": 0})
-    assert "ws_prefill" in configs.validate_config({"ws_prefill": 3})
+    assert configs.validate_config({"ws_prefill": True, "ws_block_n": 128, "ws_stages": 2}) is None
+    assert "unknown key 'ws_mixed_order'" in configs.validate_config({"ws_mixed_order": 2})
+    assert "ws_prefill" in configs.validate_config({"ws_prefill": 2})
     assert "ws_block_n" in configs.validate_config({"ws_block_n": 96})
     assert "ws_stages" in configs.validate_config({"ws_stages": 9})
 
@@ -102,18 +102,17 @@ def test_plan_takes_it_only_where_it_fits():
     """On sm_90 a prefill launch takes the kernel when its config says so and nothing it lacks is asked for (lse,
     window, cap, ALiBi, sinks, scales, split, batch-invariant mode, decode launches)."""
     dev = torch.cuda.current_device()
-    with attention_config_override(ws_prefill=2):
-        assert _plan(dev).ws == (128, 2, 1)
-        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2, 1)
-    with attention_config_override(ws_prefill=2, ws_mixed_order=2, ws_block_n=64, ws_stages=3):
-        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (64, 3, 2)
-        assert _plan(dev, decode_tail=0, num_seqs=6).ws == (64, 3, 1)
-    with attention_config_override(ws_prefill=2):
+    with attention_config_override(ws_prefill=True):
+        assert _plan(dev).ws == (128, 2)
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2)
+    with attention_config_override(ws_prefill=True, ws_block_n=64, ws_stages=3):
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (64, 3)
+    with attention_config_override(ws_prefill=True):
         for bad in (dict(want_lse=True), dict(window_left=100), dict(softcap=30.0), dict(has_alibi=True),
                     dict(has_sinks=True), dict(has_k_scale=True), dict(max_seqlen_q=1), dict(batch_invariant=True),
                     dict(page_size=1), dict(dtype=torch.float32, cache_dtype=torch.float32)):  # fmt: skip
             assert _plan(dev, **bad).ws is None, bad
-    with attention_config_override(ws_prefill=1):
+    with attention_config_override(ws_prefill=False):
         assert _plan(dev).ws is None
 
 
@@ -155,8 +154,7 @@ def test_matches_reference(data):
     poison_unowned_slots(p.k_cache, p.v_cache, p.block_table, p.seq_lens, p.block_table_rows)
     hint = tpa.decode_tail_of(q_lens)
     extra = {"block_table_rows": p.block_table_rows} if rows else {}
-    order = 1 if data is None else data.draw(st.sampled_from((1, 2)))
-    with attention_config_override(ws_prefill=2, ws_block_n=block_n, ws_stages=2, ws_mixed_order=order):
+    with attention_config_override(ws_prefill=True, ws_block_n=block_n, ws_stages=2):
         lp = _plan(torch.cuda.current_device(), num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
                    head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype, cache_dtype=dtype,
                    num_seqs=len(q_lens), max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), causal=causal,
@@ -187,7 +185,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     out = torch.zeros(100, 8, 128, dtype=torch.bfloat16)
     cu, seq_lens = torch.tensor([0, 60, 99, 100], dtype=torch.int32), torch.tensor([60, 99, 100], dtype=torch.int32)
     p = hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
-                       tail_seq=2, mixed_order=2, block_n=128, stages=2)  # fmt: skip
+                       block_n=128, stages=2)  # fmt: skip
     p.run(q, k_cache, v_cache, block_table, None, cu, seq_lens, out)
     ((grid, args, kw),) = calls
     names = [n for n in params if n not in kw]
@@ -199,9 +197,9 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
         assert desc.base is cache and list(desc.shape) == [320, 256] and list(desc.strides) == [512, 1]
         assert list(desc.block_shape) == [16, 128]
     assert got["qk_scale"] == pytest.approx(0.5 * hopper.LOG2E)
-    counts = ("num_seqs", "tail_seq", "num_tokens", "max_pages", "num_bt_rows")
-    assert [got[n] for n in counts] == [3, 2, 100, 10, 3]
+    counts = ("num_seqs", "num_tokens", "max_pages", "num_bt_rows")
+    assert [got[n] for n in counts] == [3, 100, 10, 3]
     strides = ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_bt_b")
     assert [got[n] for n in strides] == [1024, 128, 1024, 128, 10]
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, IS_CAUSAL=True,
-                      HAS_BT_ROWS=False, MIXED_ORDER=2, num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      HAS_BT_ROWS=False, num_warps=4, enable_fp_fusion=True)  # fmt: skip

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
-from triton_paged_ops import checks, reference
-from triton_paged_ops.kernels import attention, standin
+from benchmarks import standin
+from triton_paged_ops import checks, prepared, reference
+from triton_paged_ops import plan as planning
+from triton_paged_ops.configs import heuristic
+from triton_paged_ops.kernels import attention
 from triton_paged_ops.kernels import merge as merge_kernels
 from triton_paged_ops.kernels.launch import Launcher
 from triton_paged_ops.plan import key_bound
@@ -47,9 +50,8 @@ def test_key_separates_what_triton_specialises_on():
     assert launcher.key((base, 32, 5), 0, "w") != k  # constexprs / options
 
 
-@pytest.mark.parametrize("context,merge", [(200, 1), (4096, 1), (4096, 2)],
-                         ids=["one launch", "split + reduce", "split + in-kernel merge"])  # fmt: skip
-def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context, merge):
+@pytest.mark.parametrize("context", [200, 4096], ids=["one launch", "split + reduce"])
+def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(context):
     """Repeats of a prepared launch read the tensors' addresses themselves and call the compiled launchers
     directly: the arguments (grid, stream, every address, scalar and constexpr, in order) must be exactly those of
     the full path, for new output buffers and for another alignment (which first takes the full path again)."""
@@ -62,19 +64,15 @@ def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(conte
     unaligned = flat[1:].view(p.q.shape)
     outs = []
     stream = 0x5EED
-    with (
-        standin.recording_launches(stream) as (attention_kernel, reduce_kernel),
-        attention.attention_config_override(split_merge=merge),
-    ):
+    with standin.recording_launches(stream) as (attention_kernel, reduce_kernel):
         for q in (p.q, p.q, unaligned, unaligned, p.q):
             out = torch.empty(p.q.shape[0], p.q.shape[1], 64, dtype=p.q.dtype)
             lse = torch.empty(p.q.shape[:2])
             tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
             outs.append((out, lse))
-        (prepared,) = attention.PREPARED.values()
-    split = prepared.reduce is not None
-    assert split == (context > 1024 and merge == 1)
-    assert bool(prepared.merge_counts) == (merge == 2)
+        (launch,) = prepared.PREPARED.values()
+    split = launch.reduce is not None
+    assert split == (context > 1024)
     # Triton's own path ran once per alignment (q's changes the attention kernel's, not the reduce's); the short
     # paths ran every other launch: (own launch it repeats, calls it ran for).
     plans = [(attention_kernel, [0, 1, 0], (1, 3, 4))]
@@ -92,7 +90,7 @@ def test_address_path_hands_the_compiled_launcher_the_full_paths_arguments(conte
             fresh = {t.data_ptr() for call in outs for t in call}
             assert [a for a, w in zip(run_args, want) if w not in fresh] == [w for w in want if w not in fresh]
         # The output addresses are each call's own: the final output and lse of the last kernel of the call.
-        out_arg = 2 if kernel is reduce_kernel else 14 if merge == 2 else 3
+        out_arg = 2 if kernel is reduce_kernel else 3
         if kernel is plans[-1][0]:
             assert [run[2][out_arg] for run in kernel.runs] == [outs[c][0].data_ptr() for c in calls]
             assert [run[2][out_arg + 1] for run in kernel.runs] == [outs[c][1].data_ptr() for c in calls]
@@ -112,9 +110,8 @@ def _layouts(p):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("context,merge", [(300, 1), (9000, 1), (9000, 2)],
-                         ids=["one segment", "split + reduce kernel", "split + in-kernel merge"])  # fmt: skip
-def test_short_path_runs_tritons_kernel_with_same_bits(context, merge):
+@pytest.mark.parametrize("context", [300, 9000], ids=["one segment", "split + reduce kernel"])
+def test_short_path_runs_tritons_kernel_with_same_bits(context):
     spec = Spec(q_lens=[1] * 3, kv_lens=[context, context // 2, 17], pad_tokens=0, page_size=16, num_kv_heads=2,
                 group=4, head_dim=128, head_dim_v=128, dtype=torch.bfloat16, causal=True, window_left=-1, softcap=0.0,
                 use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False, spare_pages=1,
@@ -124,27 +121,25 @@ def test_short_path_runs_tritons_kernel_with_same_bits(context, merge):
     short = attention._launch_attention.short_launches, merge_kernels._launch_reduce.short_launches
     was = checks.debug_mode()
     checks.set_debug_mode(True)  # each short launch also checks Triton's own choice of compiled kernel
-    with attention.attention_config_override(split_merge=merge):
-        try:
-            for name, q, k, v in _layouts(p):
-                runs = []
-                for _ in range(3):  # the first call goes through Triton's path and records; the rest take the short one
-                    out, lse = tpa.paged_attention_with_lse(q, k, v, *p.args[3:], **p.kwargs)
-                    runs.append((out, lse))
-                assert_close_to_reference(runs[0][0], runs[0][1], ref_out, ref_lse, spec.dtype, p.num_real_tokens)
-                for out, lse in runs[1:]:
-                    assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), name
-        finally:
-            checks.set_debug_mode(was)
+    try:
+        for name, q, k, v in _layouts(p):
+            runs = []
+            for _ in range(3):  # the first call goes through Triton's path and records; the rest take the short one
+                out, lse = tpa.paged_attention_with_lse(q, k, v, *p.args[3:], **p.kwargs)
+                runs.append((out, lse))
+            assert_close_to_reference(runs[0][0], runs[0][1], ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+            for out, lse in runs[1:]:
+                assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), name
+    finally:
+        checks.set_debug_mode(was)
     assert attention._launch_attention.short_launches >= short[0] + 2 * 3  # at least two per layout took it
-    if context > 1024 and merge == 1:
+    if context > 1024:
         assert merge_kernels._launch_reduce.short_launches >= short[1] + 2 * 3
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("context,merge", [(300, 1), (9000, 1), (9000, 2)],
-                         ids=["one launch", "split + reduce", "split + in-kernel merge"])  # fmt: skip
-def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, merge, monkeypatch):
+@pytest.mark.parametrize("context", [300, 9000], ids=["one launch", "split + reduce"])
+def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, monkeypatch):
     """A repeat of a prepared launch reads each tensor's address once and launches the recorded kernels directly
     (``Launcher.launch_addresses``); a new alignment, a side stream and debug mode still get the right kernel and
     the same bits as Triton's own path."""
@@ -163,45 +158,43 @@ def test_repeated_calls_launch_from_addresses_with_the_full_paths_bits(context, 
             return ok
 
         monkeypatch.setattr(launcher, "launch_addresses", counting)
-    with attention.attention_config_override(split_merge=merge):
-        flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype, device="cuda")
-        unaligned = flat[1:].view(p.q.shape).copy_(p.q)
-        out = torch.empty(p.q.shape[0], p.q.shape[1], 128, dtype=p.q.dtype, device="cuda")
-        lse = torch.empty(p.q.shape[:2], device="cuda")
+    flat = torch.empty(p.q.numel() + 1, dtype=p.q.dtype, device="cuda")
+    unaligned = flat[1:].view(p.q.shape).copy_(p.q)
+    out = torch.empty(p.q.shape[0], p.q.shape[1], 128, dtype=p.q.dtype, device="cuda")
+    lse = torch.empty(p.q.shape[:2], device="cuda")
 
-        def call(q):
-            out.fill_(float("nan"))
-            lse.fill_(float("nan"))
-            tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
-            return out[:n].clone(), lse[:n].clone()
+    def call(q):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        tpa.paged_attention_out(q, *p.args[1:], out=out, lse=lse, **p.kwargs)
+        return out[:n].clone(), lse[:n].clone()
 
-        was = checks.debug_mode()
-        checks.set_debug_mode(True)  # Triton's own launch path, every call
-        try:
-            want = {"aligned": call(p.q), "unaligned": call(unaligned)}
-        finally:
-            checks.set_debug_mode(was)
-        assert taken == {"attention": 0, "reduce": 0}
-        ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
-        assert_close_to_reference(want["aligned"][0], want["aligned"][1], ref_out, ref_lse, spec.dtype, n)
-        attention.PREPARED.clear()
-        side = torch.cuda.Stream()
-        for i in range(3):
-            for name, q in (("aligned", p.q), ("unaligned", unaligned)):
-                got = call(q)
-                assert torch.equal(got[0], want[name][0]) and torch.equal(got[1], want[name][1]), (i, name)
-            side.wait_stream(torch.cuda.current_stream())  # the buffers' last uses on the default stream come first
-            with torch.cuda.stream(side):  # a fresh workspace per call off the default stream
-                got = call(p.q)
-            torch.cuda.current_stream().wait_stream(side)
-            assert torch.equal(got[0], want["aligned"][0]) and torch.equal(got[1], want["aligned"][1]), (i, "side")
-        (prepared,) = [v for v in attention.PREPARED.values() if v is not None]
-        split = prepared.reduce is not None
-        assert split == (context > 1024 and merge == 1)
-        assert bool(prepared.merge_counts) == (context > 1024 and merge == 2)
-        # Every call but the first (which prepares the launch) launches from addresses: the kernels for both alignments
-        # were recorded by the debug-mode calls.
-        assert taken == {"attention": 8, "reduce": 8 if split else 0}
+    was = checks.debug_mode()
+    checks.set_debug_mode(True)  # Triton's own launch path, every call
+    try:
+        want = {"aligned": call(p.q), "unaligned": call(unaligned)}
+    finally:
+        checks.set_debug_mode(was)
+    assert taken == {"attention": 0, "reduce": 0}
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
+    assert_close_to_reference(want["aligned"][0], want["aligned"][1], ref_out, ref_lse, spec.dtype, n)
+    prepared.PREPARED.clear()
+    side = torch.cuda.Stream()
+    for i in range(3):
+        for name, q in (("aligned", p.q), ("unaligned", unaligned)):
+            got = call(q)
+            assert torch.equal(got[0], want[name][0]) and torch.equal(got[1], want[name][1]), (i, name)
+        side.wait_stream(torch.cuda.current_stream())  # the buffers' last uses on the default stream come first
+        with torch.cuda.stream(side):  # a fresh workspace per call off the default stream
+            got = call(p.q)
+        torch.cuda.current_stream().wait_stream(side)
+        assert torch.equal(got[0], want["aligned"][0]) and torch.equal(got[1], want["aligned"][1]), (i, "side")
+    (launch,) = [v for v in prepared.PREPARED.values() if v is not None]
+    split = launch.reduce is not None
+    assert split == (context > 1024)
+    # Every call but the first (which prepares the launch) launches from addresses: the kernels for both alignments
+    # were recorded by the debug-mode calls.
+    assert taken == {"attention": 8, "reduce": 8 if split else 0}
 
 
 def _small_problem(device, seed=5):
@@ -217,11 +210,11 @@ def test_repeated_metadata_reuses_the_prepared_launch_and_new_metadata_is_checke
     spec, p = _small_problem(device)
     ref = reference.paged_attention(*p.args[:9], **p.kwargs)
     rows = p.num_real_tokens
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     first = tpa.paged_attention(*p.args, **p.kwargs)
-    assert len(attention.PREPARED) == 1
+    assert len(prepared.PREPARED) == 1
     again = tpa.paged_attention(*p.args, **p.kwargs)
-    assert len(attention.PREPARED) == 1, "same metadata must reuse the prepared launch"
+    assert len(prepared.PREPARED) == 1, "same metadata must reuse the prepared launch"
     assert again.data_ptr() != first.data_ptr(), "each call of paged_attention returns a new tensor"
     assert torch.equal(again[:rows], first[:rows])
     assert_close_to_reference(again, None, ref, None, spec.dtype, rows)
@@ -229,14 +222,14 @@ def test_repeated_metadata_reuses_the_prepared_launch_and_new_metadata_is_checke
     # Other tensors with the same metadata: the prepared launch applies to their contents.
     q2 = torch.randn_like(p.q)
     got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
-    assert len(attention.PREPARED) == 1
+    assert len(prepared.PREPARED) == 1
     want = reference.paged_attention(q2, *p.args[1:9], **p.kwargs)
     assert_close_to_reference(got, None, want, None, spec.dtype, rows)
 
     # A host value that changes the result (scale) is part of the key: a second entry, the right answer.
     q, k, v, bt, cu, lens, max_q, max_k, _ = p.args
     got = tpa.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, 0.05, **p.kwargs)
-    assert len(attention.PREPARED) == 2
+    assert len(prepared.PREPARED) == 2
     want = reference.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, 0.05, **p.kwargs)
     assert_close_to_reference(got, None, want, None, spec.dtype, rows)
 
@@ -249,15 +242,15 @@ def test_repeated_metadata_reuses_the_prepared_launch_and_new_metadata_is_checke
         tpa.paged_attention(q, k, v, bt, cu, lens, max_q, max_k, float("nan"), **p.kwargs)
     with pytest.raises(ValueError, match="out must have shape"):
         tpa.paged_attention_out(q, k, v, bt, cu, lens, max_q, max_k, spec.scale, out=first[:1])
-    assert len(attention.PREPARED) == 2
+    assert len(prepared.PREPARED) == 2
 
     # A config override (another plan for the same metadata) starts from a clean slate and leaves one behind.
-    with attention.attention_config_override(BLOCK_N=16, num_splits=2):
-        assert not attention.PREPARED
+    with heuristic.attention_config_override(BLOCK_N=16, num_splits=2):
+        assert not prepared.PREPARED
         got = tpa.paged_attention(*p.args, **p.kwargs)
-        assert attention.PREPARED and next(iter(attention.PREPARED.values())).plan.split.num_splits == 2
+        assert prepared.PREPARED and next(iter(prepared.PREPARED.values())).plan.split.num_splits == 2
         assert_close_to_reference(got, None, ref, None, spec.dtype, rows)
-    assert not attention.PREPARED
+    assert not prepared.PREPARED
 
 
 def test_key_bound_rounds_up_by_at_most_a_sixteenth():
@@ -281,7 +274,7 @@ def test_a_growing_max_seqlen_k_reuses_one_prepared_launch_and_still_meets_its_c
     capacity = bt.shape[1] * spec.page_size
     assert max_k == 250 and capacity == 264 and key_bound(capacity + 1) == key_bound(capacity - 3) > capacity
     ref = reference.paged_attention(*p.args, **p.kwargs)
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     first = tpa.paged_attention(*p.args, **p.kwargs)
     assert_close_to_reference(first, None, ref, None, spec.dtype, 2)
     for m in range(max_k + 1, capacity + 1):
@@ -289,10 +282,10 @@ def test_a_growing_max_seqlen_k_reuses_one_prepared_launch_and_still_meets_its_c
         assert_close_to_reference(got, None, ref, None, spec.dtype, 2)
         if key_bound(m) == key_bound(max_k):
             assert torch.equal(got, first), f"max_seqlen_k={m}: same bound, same plan, same bits"
-    assert len(attention.PREPARED) == len({key_bound(m) for m in range(max_k, capacity + 1)}) == 2
+    assert len(prepared.PREPARED) == len({key_bound(m) for m in range(max_k, capacity + 1)}) == 2
     with pytest.raises(ValueError, match="max_seqlen_k"):
         tpa.paged_attention(q, k, v, bt, cu, lens, max_q, capacity + 1, scale, **p.kwargs)
-    assert len(attention.PREPARED) == 2
+    assert len(prepared.PREPARED) == 2
 
 
 @pytest.mark.gpu
@@ -308,26 +301,26 @@ def test_prepared_launches_follow_each_calls_alignment_with_same_bits():
             want[name] = tpa.paged_attention_with_lse(q, *p.args[1:], **p.kwargs)
     finally:
         checks.set_debug_mode(was)
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     for _ in range(3):
         for name, q in (("aligned", p.q), ("unaligned", unaligned)):
             out, lse = tpa.paged_attention_with_lse(q, *p.args[1:], **p.kwargs)
             rows = p.num_real_tokens
             assert torch.equal(out[:rows], want[name][0][:rows]) and torch.equal(lse[:rows], want[name][1][:rows])
-    assert len(attention.PREPARED) == 1
+    assert len(prepared.PREPARED) == 1
 
 
 def _workspaces() -> dict:
-    return {k: v for k, v in attention._scratch_buffers().items() if k[0] == "workspace"}
+    """This thread's kept split-KV workspaces by device index."""
+    return {k: v[0] for k, v in getattr(prepared._LOCAL, "buffers", {}).items()}
 
 
 def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     spec, p = _small_problem(device, seed=7)
     rows = p.num_real_tokens
-    for key in list(_workspaces()):
-        del attention._scratch_buffers()[key]
-    with attention.attention_config_override(BLOCK_N=16, num_splits=2):
+    getattr(prepared._LOCAL, "buffers", {}).clear()
+    with heuristic.attention_config_override(BLOCK_N=16, num_splits=2):
         got = tpa.paged_attention(*p.args, **p.kwargs)
         assert_close_to_reference(got, None, reference.paged_attention(*p.args[:9], **p.kwargs), None,
                                   spec.dtype, rows)  # fmt: skip
@@ -344,7 +337,7 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
                         window_left=-1, softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1,
                         strided=False, spare_pages=1, extra_cols=0, tiles=None, seed=9)  # fmt: skip
         big = build(big_spec, device)
-        with attention.attention_config_override(BLOCK_N=16, num_splits=8):
+        with heuristic.attention_config_override(BLOCK_N=16, num_splits=8):
             got_big = tpa.paged_attention(*big.args, **big.kwargs)
         (grown,) = _workspaces().values()
         assert grown.numel() > buf.numel()
@@ -353,34 +346,30 @@ def test_split_workspace_is_reused_grown_and_fresh_where_it_must_be():
         got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
         assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:9], **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
-    # Traced launches (wrap) and launches on other streams than the default one get their own buffer.
+    # Launches on other streams than the default one get their own buffer, and so does another thread (its launches
+    # may interleave with this one's on the same stream).
     t = p.q
-    shared = attention._scratch("workspace", t, 16, torch.float32, None, False)
-    assert attention._scratch("workspace", t, 16, torch.float32, None, False) is shared
-    assert attention._scratch("workspace", t, 16, torch.float32, None, True) is not shared
-    counts = attention._scratch("merge_counts", t, 40, torch.int32, None, True, zero=True)
-    assert counts.numel() == 40 and not counts.any()
-    # Another thread's launches may interleave with this one's on the same stream: it keeps its own buffer.
+    shared = prepared._workspace(t, 4, 12, None)[1]
+    assert prepared._workspace(t, 4, 12, None)[1] is shared
     seen = []
-    worker = threading.Thread(target=lambda: seen.append(attention._scratch("workspace", t, 16, torch.float32, None,
-                                                                            False)))  # fmt: skip
+    worker = threading.Thread(target=lambda: seen.append(prepared._workspace(t, 4, 12, None)[1]))
     worker.start()
     worker.join()
     assert seen and seen[0] is not shared
     if device == "cuda":
-        default = attention.current_stream(t.device.index)
-        assert attention._scratch("workspace", t, 16, torch.float32, default, False) is shared
+        default = prepared.current_stream(t.device.index)
+        assert prepared._workspace(t, 4, 12, default)[1] is shared
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
-            other = attention.current_stream(t.device.index)
+            other = prepared.current_stream(t.device.index)
             assert other != default
-            assert attention._scratch("workspace", t, 16, torch.float32, other, False) is not shared
+            assert prepared._workspace(t, 4, 12, other)[1] is not shared
             # A split call on the side stream: right answer, nothing kept for it.
-            before = {k: id(v) for k, v in attention._scratch_buffers().items()}
-            with attention.attention_config_override(BLOCK_N=16, num_splits=2):
+            before = {k: id(v) for k, v in _workspaces().items()}
+            with heuristic.attention_config_override(BLOCK_N=16, num_splits=2):
                 got = tpa.paged_attention(q2, *p.args[1:], **p.kwargs)
         torch.cuda.synchronize()
-        assert before == {k: id(v) for k, v in attention._scratch_buffers().items()}
+        assert before == {k: id(v) for k, v in _workspaces().items()}
         assert_close_to_reference(got, None, reference.paged_attention(q2, *p.args[1:9], **p.kwargs),
                                   None, spec.dtype, rows)  # fmt: skip
 
@@ -397,11 +386,11 @@ def test_segments_past_a_sequence_end_leave_their_outputs_unread(invariant):
     p = build(spec, device)
     want, want_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     cfg = dict(BLOCK_N=16, invariant_segment=64) if invariant else dict(BLOCK_N=16, num_splits=4)
-    with attention.attention_config_override(**cfg):
+    with heuristic.attention_config_override(**cfg):
         first = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
-        (plan,) = attention.PREPARED.values()
+        (plan,) = prepared.PREPARED.values()
         assert plan.plan.split.num_splits >= 4 and plan.reduce is not None
-        attention._scratch_buffers()[("workspace", p.q.get_device())].fill_(float("nan"))
+        _workspaces()[p.q.get_device()].fill_(float("nan"))
         again = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
     rows = p.num_real_tokens
     for out, lse in (first, again):
@@ -411,17 +400,17 @@ def test_segments_past_a_sequence_end_leave_their_outputs_unread(invariant):
 
 def test_reduce_plan_dependent_launch_options():
     """A dependent reduce asks Triton for a programmatic dependent launch and waits for its producer in the kernel;
-    a traced launch (``wrap``) keeps plain stream order; interpreter plans never ask for it."""
+    interpreter plans never ask for it."""
     args = (4, 3, 8, 64, (1536, 512, 64), (24, 8, 1), 3, (512, 64), None)
     plain, dependent = merge_kernels.reduce_plan(*args), merge_kernels.reduce_plan(*args, dependent=True)
     assert "launch_pdl" not in plain.options and not plain.constexprs["WAIT_PRIOR"]
     assert dependent.options.get("launch_pdl") is True and dependent.constexprs["WAIT_PRIOR"]
-    assert "launch_pdl" not in dependent.traced_options and dependent.static != plain.static
+    assert dependent.static != plain.static
     assert not merge_kernels.dependent_launch_supported(None)
 
 
 @pytest.mark.gpu
-def test_dependent_reduce_launch_gives_the_plain_launchs_bits():
+def test_dependent_reduce_launch_gives_the_plain_launchs_bits(monkeypatch):
     """The reduce as a programmatic dependent launch (sm_90+) must wait for every partial: eager calls and CUDA-graph
     replays with new lengths and contents give the plain launch's bits, call after call."""
     spec = Spec(q_lens=[1] * 6, kv_lens=[9000, 4500, 17, 1, 2100, 800], pad_tokens=1, page_size=16, num_kv_heads=2,
@@ -448,27 +437,30 @@ def test_dependent_reduce_launch_gives_the_plain_launchs_bits():
         inputs.append((lens, torch.randn(p.q.shape, generator=gen, device="cuda").to(p.q.dtype)))
     results = {}
     for mode in (1, 2):
-        with attention.attention_config_override(reduce_launch=mode):
-            call()  # compile outside the capture
-            (plan,) = [v for v in attention.PREPARED.values() if v is not None]
-            assert plan.plan.split.num_splits > 1 and plan.reduce is not None
-            assert plan.plan.constexprs["LAUNCH_DEPENDENTS"] == (mode == 2 and supported)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                call()
-            runs = []
-            for lens, q in inputs:
-                p.seq_lens.copy_(lens)
-                p.q.copy_(q)
-                for replay in (False, True):
-                    out.fill_(float("nan"))
-                    if replay:
-                        graph.replay()
-                    else:
-                        call()
-                    runs.append((out[:n].clone(), lse[:n].clone()))
-            results[mode] = runs
+        prepared.PREPARED.clear()
+        planning._cached_launch_plan.cache_clear()
+        # 1: a plain launch (what devices without dependent launches get), 2: a dependent one where the device has it.
+        monkeypatch.setattr(planning, "dependent_launch_supported", lambda index, _mode=mode: _mode == 2 and supported)
+        call()  # compile outside the capture
+        (plan,) = [v for v in prepared.PREPARED.values() if v is not None]
+        assert plan.plan.split.num_splits > 1 and plan.reduce is not None
+        assert plan.plan.constexprs["LAUNCH_DEPENDENTS"] == (mode == 2 and supported)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            call()
+        runs = []
+        for lens, q in inputs:
+            p.seq_lens.copy_(lens)
+            p.q.copy_(q)
+            for replay in (False, True):
+                out.fill_(float("nan"))
+                if replay:
+                    graph.replay()
+                else:
+                    call()
+                runs.append((out[:n].clone(), lse[:n].clone()))
+        results[mode] = runs
     want, want_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
     assert_close_to_reference(results[2][-1][0], results[2][-1][1], want, want_lse, spec.dtype, n)
     for (a, a_lse), (b, b_lse) in zip(results[1], results[2]):
@@ -497,11 +489,11 @@ def test_reduce_taking_the_full_path_reads_the_workspace_the_attention_kernel_wr
     flat = torch.empty(torch.Size(shape).numel() + 1, dtype=p.q.dtype)
     with standin.recording_launches(stream=0x5EED) as (attention_kernel, reduce_kernel):
         # The current stream is not the default one: fresh buffers per call. (``recording_launches`` restores it.)
-        attention._default_stream = lambda device_index: 0xD3F
+        prepared._default_stream = lambda device_index: 0xD3F
         for out in (torch.empty(shape, dtype=p.q.dtype), flat[1:].view(shape)):
             tpa.paged_attention_out(*p.args, out=out, **p.kwargs)
-        (prepared,) = attention.PREPARED.values()
-    assert prepared.reduce is not None
+        (launch,) = prepared.PREPARED.values()
+    assert launch.reduce is not None
     # The second call: attention from addresses, the reduce through Triton's own path (a new alignment of ``out``).
     assert len(attention_kernel.runs) == 1 and len(reduce_kernel.own) == 2
     written_out, written_lse = attention_kernel.runs[0][2][3:5]
@@ -531,7 +523,7 @@ def test_every_launch_names_its_fp_fusion(invariant, monkeypatch):
                 extra_cols=0, tiles=None, seed=5)  # fmt: skip
     p = build(spec, "cpu")
     split = dict(BLOCK_N=16, invariant_segment=64) if invariant else dict(BLOCK_N=16, num_splits=2)
-    with attention.attention_config_override(**split):
+    with heuristic.attention_config_override(**split):
         tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
     out, lse = tpa.paged_attention_with_lse(*p.args, **p.kwargs, batch_invariant=invariant)
     tpa.merge_attn_states(out, lse, out, lse)

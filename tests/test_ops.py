@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import triton_paged_ops as tpa
-from triton_paged_ops import api, ops
-from triton_paged_ops.kernels import attention
+from triton_paged_ops import api, ops, prepared
 
 from .strategies import Spec, build
 
@@ -102,7 +101,7 @@ def test_typed_wrappers_skip_the_dispatcher_exactly_in_plain_eager(monkeypatch):
             assert torch.equal(out.detach(), want[0]) and torch.equal(lse, want[1])
         return list(routed)
 
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     assert run(*p.args) == []
     out = torch.full_like(want[0], float("nan"))
     tpa.paged_attention_out(*p.args, **p.kwargs, out=out)
@@ -125,7 +124,7 @@ def test_typed_wrappers_skip_the_dispatcher_exactly_in_plain_eager(monkeypatch):
         assert run(*p.args) == ["paged_attention_with_lse"] * 2
     assert any("tpa::paged_attention_with_lse" in e.key for e in prof.key_averages())
     # A launch prepared through torch.ops from a non-plain tensor is not one the wrappers may repeat directly.
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     with torch.no_grad():
         assert run(q_grad, *p.args[1:]) == ["paged_attention_with_lse"] * 2
     assert run(*p.args) == []
@@ -246,27 +245,6 @@ def test_cuda_graph_replay_matches_eager_with_new_lengths():
         assert torch.equal(replayed[0], out) and torch.equal(replayed[1], lse)
 
 
-@pytest.mark.gpu
-def test_split_kv_call_as_a_compiled_triton_op_matches_eager():
-    """The kernels launched through ``wrap_triton`` inside a ``triton_op`` (Inductor sees them), on a split-KV call
-    (attention + reduce over a workspace), compiled with CUDA graphs: same result as the eager op."""
-    from benchmarks.model_step import register_triton_op
-
-    s = spec(q_lens=[1] * 2, kv_lens=[4096, 3000], dtype=torch.bfloat16, page_size=16, group=4, head_dim=128,
-             head_dim_v=128)  # fmt: skip
-    p = build(s, DEVICE)
-    op = register_triton_op()
-    args = p.args
-    with torch.no_grad():
-        want = torch.ops.tpa.paged_attention(*args)
-        assert ops.PREPARED and next(reversed(ops.PREPARED.values())).plan.split.num_splits > 1
-        compiled = torch.compile(lambda *a: op(*a), fullgraph=True, mode="reduce-overhead")
-        for _ in range(3):  # warm-up, record, replay
-            torch.compiler.cudagraph_mark_step_begin()
-            got = compiled(*args).clone()
-    assert (got.float() - want.float()).norm() / want.float().norm() < 1e-2
-
-
 class _DeviceContextRecorder:
     """Stands in for ``torch.cuda.device``: records which device each entered context names, and how many kernel
     launches (from ``launches()``) happened inside it."""
@@ -296,7 +274,7 @@ class _DeviceContextRecorder:
 def test_kernels_launch_on_the_tensors_device_when_it_is_not_the_current_one(monkeypatch):
     """Triton launches on the current device: each op switches to its tensors' GPU first when that is another one
     (the switch simulated here: every tensor reads as living on GPU 3, and the device context is recorded)."""
-    from triton_paged_ops.kernels import standin
+    from benchmarks import standin
 
     s = spec(dtype=torch.float16)
     p = build(s, "cpu")

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import triton_paged_ops as tpa
+from benchmarks import standin
 from triton_paged_ops import prepared, reference
-from triton_paged_ops.kernels import attention, standin
 
 from .strategies import Spec, build
 from .test_attention import assert_close_to_reference
@@ -84,7 +84,7 @@ def test_one_tensor_in_two_slots_repeats_its_prepared_launch():
     with standin.recording_launches() as (kernel, _):
         for _ in range(3):
             tpa.paged_attention(q, k, k, bt, cu, lens, max_q, max_k, scale, **p.kwargs)
-        assert len(attention.PREPARED) == 1 and len(kernel.own) == 1 and len(kernel.runs) == 2
+        assert len(prepared.PREPARED) == 1 and len(kernel.own) == 1 and len(kernel.runs) == 2
 
 
 def test_optional_tensors_in_other_slots_get_their_own_launch():
@@ -92,13 +92,13 @@ def test_optional_tensors_in_other_slots_get_their_own_launch():
     call with the other."""
     p = build(_spec(use_alibi=True, use_sinks=True), DEVICE)
     extra = torch.rand(p.q.shape[1], device=DEVICE) - 0.5
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     for kw in ({"alibi_slopes": extra}, {"sinks": extra}, {"alibi_slopes": extra}):
         kwargs = {**p.kwargs, "alibi_slopes": None, "sinks": None, **kw}
         got = tpa.paged_attention(*p.args, **kwargs)
         want = reference.paged_attention(*p.args[:9], **kwargs)
         assert_close_to_reference(got, None, want, None, torch.float16, p.num_real_tokens)
-    assert len(attention.PREPARED) == 2
+    assert len(prepared.PREPARED) == 2
 
 
 @pytest.mark.parametrize("op", ["paged_attention", "paged_attention_with_lse", "paged_attention_out"])
@@ -121,14 +121,14 @@ def test_repeats_match_the_full_path_with_either_matcher(monkeypatch, python, op
         tpa.paged_attention_out(q, *args, **p.kwargs, out=out, lse=lse)
         return out, lse
 
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     first = call(*p.args)
     for _ in range(2):
         again = call(p.q.clone(), *p.args[1:])
         assert all(torch.equal(a[:rows], b[:rows]) for a, b in zip(first, again, strict=True))
-    assert len(attention.PREPARED) == 1
-    matcher = attention.PREPARED.chains[next(iter(attention.PREPARED.chains))][0].matcher
+    assert len(prepared.PREPARED) == 1
+    matcher = prepared.PREPARED.chains[next(iter(prepared.PREPARED.chains))][0].matcher
     assert isinstance(matcher, prepared.PythonMatcher) is (python or prepared._GUARDS is None)
     with pytest.raises(TypeError, match="seq_lens"):
         call(*p.args[:5], p.args[5].long(), *p.args[6:])
-    assert len(attention.PREPARED) == 1
+    assert len(prepared.PREPARED) == 1

@@ -10,7 +10,7 @@ import torch
 
 import triton_paged_ops as tpa
 from triton_paged_ops.__main__ import main
-from triton_paged_ops.kernels.attention import attention_launch_plan
+from triton_paged_ops.plan import attention_launch_plan
 from triton_paged_ops.warmup import ServingSettings, compiled_kernel_count, reachable_variants, warmup
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -91,7 +91,7 @@ def test_enumerated_variants_cover_the_large_batch_decode_entry(tmp_path, monkey
     """With a table whose ``decode_large`` entry (batches with a (sequence, KV head) pair per SM) has its own tiles
     and split policy, the enumeration reaches the variants of both decode entries."""
     from triton_paged_ops import configs
-    from triton_paged_ops.plan import num_sms_of
+    from triton_paged_ops.configs import num_sms_of
 
     dev = None if INTERPRET else torch.cuda.current_device()
     _use_user_table(tmp_path, monkeypatch, dev, [

@@ -73,7 +73,7 @@ _ATTENTION_PARAMS = """
         Host-side hint of the batch's layout: how many sequences at its end are decodes (one new token each) with
         no one-token sequence before them, as in SGLang's mixed batches (:func:`decode_tail_of` computes it from
         host query lengths); -1 if not known. A prefill launch whose batch ends in decodes then dispatches
-        their work interleaved with the prompts' (``mixed_order``), so the decode rows stream while the prompts
+        their work interleaved with the prompts', so the decode rows stream while the prompts
         compute; one whose batch holds no one-token sequence (0) takes the tiles measured for prompts alone (the
         config table's ``prompts`` entry, where it has one: on the H200 at head dim 128, programs of 16 warps,
         which would slow a mixed batch's decode rows; at 64, two 8-warp programs per SM), compiled without the

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import triton
 
-from triton_paged_ops import api, ops, reference
+from triton_paged_ops import api, configs, ops, reference
 from triton_paged_ops.checks import decode_tail_of
 from triton_paged_ops.inputs import random_paged_batch
 
@@ -425,14 +425,20 @@ def format_records(result: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_config(text: str | None) -> dict[str, int]:
-    """``"BLOCK_N=64,num_warps=4"`` -> ``{"BLOCK_N": 64, "num_warps": 4}``; raises ValueError naming a bad part."""
-    out: dict[str, int] = {}
+def parse_config(text: str | None) -> dict[str, object]:
+    """``"BLOCK_N=64,ids_ahead=true,diag_loop=merged"`` -> ``{"BLOCK_N": 64, "ids_ahead": True, "diag_loop":
+    "merged"}`` (integers, true/false, or names); raises ValueError naming a bad part."""
+    out: dict[str, object] = {}
     for part in filter(None, (text or "").split(",")):
-        key, sep, val = part.partition("=")
-        if not sep or not key.strip() or not val.strip().lstrip("-").isdigit():
-            raise ValueError(f"--config part {part!r} is not KEY=INTEGER")
-        out[key.strip()] = int(val)
+        key, sep, val = (s.strip() for s in part.partition("="))
+        if not sep or not key or not val:
+            raise ValueError(f"--config part {part!r} is not KEY=VALUE")
+        if val.lstrip("-").isdigit():
+            out[key] = int(val)
+        elif val in ("true", "false"):
+            out[key] = val == "true"
+        else:
+            out[key] = val
     return out
 
 
@@ -474,7 +480,7 @@ def run_benchmark(
     """A suite (``SUITES``) as a command: table on stdout, JSON to ``out``, chart to ``png`` (each if given)."""
     import sys
 
-    from triton_paged_ops.kernels.attention import attention_config_override
+    from triton_paged_ops.configs.heuristic import attention_config_override
 
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
@@ -519,7 +525,7 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None, see
                    help="call without the decode_tail layout hint (by default each passes its batch's)")  # fmt: skip
     p.add_argument("--config", default=None, metavar="K=V,...",
                    help="force launch options for every case, e.g. BLOCK_N=64,num_warps=4,num_stages=3,num_splits=8 "
-                   "or decode_order=1 / split_merge=2 / small_block_n=128 (keys: attention_config_override; default: "
+                   "or decode_order=sequences / small_block_n=128 (keys: attention_config_override; default: "
                    "the tuned table or built-in choice)")  # fmt: skip
 
 
@@ -529,6 +535,10 @@ def bench_command(args, prog: str, argv: list[str] | None) -> int:
 
     try:
         config = parse_config(args.config)
+        table_keys = {k: v for k, v in config.items() if k != "num_splits"}
+        problem = configs.validate_config(table_keys) if table_keys else None
+        if problem:
+            raise ValueError(f"--config: {problem}")
     except ValueError as exc:
         print(str(exc), file=sys.stderr)
         return 2

@@ -14,15 +14,10 @@ import torch
 import triton
 
 from triton_paged_ops import checks, reference
-from triton_paged_ops.kernels.attention import (
-    PREPARED,
-    PreparedLaunch,
-    _launch_paged_attention,
-    run_attention_launch,
-)
 from triton_paged_ops.kernels.cache import _launch_reshape_and_cache
 from triton_paged_ops.kernels.merge import _launch_merge_attn_states
 from triton_paged_ops.plan import key_bound
+from triton_paged_ops.prepared import PREPARED, AttentionLaunch, launch_paged_attention, run_attention_launch
 
 # Fixed when the kernels were defined: @triton.jit reads TRITON_INTERPRET at decoration time.
 INTERPRET: bool = bool(triton.knobs.runtime.interpret)
@@ -78,7 +73,7 @@ def _attention_into(
     out: torch.Tensor,
     lse: torch.Tensor | None,
     decode_tail: int = -1,
-) -> PreparedLaunch | None:
+) -> AttentionLaunch | None:
     """Shared body of the three attention ops after the checks: kernel or reference, writing ``out``/``lse``.
     Returns the prepared launch of a kernel run (None: nothing launched, or the reference ran)."""
     if checks.debug_mode():
@@ -86,7 +81,7 @@ def _attention_into(
             q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, block_table_rows, decode_tail
         )
     if _use_kernels(q):
-        return _launch_paged_attention(
+        return launch_paged_attention(
             q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
             window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, INTERPRET,
             batch_invariant, decode_tail=decode_tail,

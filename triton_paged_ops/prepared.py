@@ -7,13 +7,26 @@ host values and compares the tensors' metadata with a *matcher* built from the f
 C++ tensor guards (the check ``torch.compile`` runs before reusing a compiled graph; ~1.3 µs for an attention call's
 6 to 13 tensors where building and hashing a tuple of the same facts in Python takes ~5 µs), or, where the
 installed PyTorch lacks them or they behave otherwise than expected, the same comparison in Python.
+
+An attention launch (:class:`AttentionLaunch`) is prepared from a launch plan (``plan.py``): its grid, scalar
+arguments and split-KV reduce; running it gathers the call's addresses and launches the kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
+
+from triton_paged_ops import configs
+from triton_paged_ops import plan as planning
+from triton_paged_ops.configs.heuristic import override_key
+from triton_paged_ops.kernels import hopper
+from triton_paged_ops.kernels.attention import _launch_attention
+from triton_paged_ops.kernels.merge import ReducePlan, _launch_reduce, launch_reduce, reduce_plan
+from triton_paged_ops.plan import LaunchPlan, compiler_refusal, narrow_offsets_ok
 
 
 def _facts(t: torch.Tensor) -> tuple:
@@ -125,3 +138,250 @@ class PreparedLaunches:
     def values(self) -> list:
         """The prepared launches, oldest first within each host key."""
         return [e.value for chain in self.chains.values() for e in reversed(chain)]
+
+
+# Prepared launches by call metadata (ops.py fills it): cleared whenever what a plan depends on may change (a config
+# override entered or left, the tables reloaded).
+PREPARED = PreparedLaunches()
+configs.on_reload(PREPARED.clear)
+
+
+# The split-KV workspace (partial outputs and lse) is reused from call to call: one buffer per device and thread, used
+# only by launches on the device's default stream: one thread's launches there run in order, so the buffer is free
+# again when its next launch starts (the caching allocator gives per-call allocations the same guarantee; another
+# thread's launches may interleave with them, hence per thread). Other streams get a new buffer per call: CUDA graphs
+# are captured, and torch.compile's CUDA-graph trees warm up, on side streams, whose allocations belong to the
+# graph's memory pool (a buffer kept here would outlive or leak into it).
+_LOCAL = threading.local()
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_DEFAULT_STREAMS: dict[int, int] = {}
+
+
+def current_stream(device_index: int | None) -> int | None:
+    """The raw handle of the current stream of CUDA (or HIP) device ``device_index`` (None: no device)."""
+    return None if device_index is None else _raw_stream(device_index)
+
+
+def _default_stream(device_index: int) -> int:
+    handle = _DEFAULT_STREAMS.get(device_index)
+    if handle is None:
+        handle = _DEFAULT_STREAMS[device_index] = torch.cuda.default_stream(device_index).cuda_stream
+    return handle
+
+
+def _kept_on(stream: int | None, device_index: int) -> bool:
+    """Whether launches on ``stream`` (None: the interpreter) reuse the kept workspace: only the default one."""
+    return stream is None or stream == _default_stream(device_index)
+
+
+def _workspace(q: torch.Tensor, lse_elems: int, out_elems: int, stream: int | None) -> tuple:
+    """The split-KV partials (outputs, lse): views of one fp32 buffer, ``lse_elems`` lse values then ``out_elems``
+    outputs (the attention kernel addresses them through its stride arguments). A kept buffer's output view is
+    kept beside it per offset (slicing costs ~1.7 µs a call)."""
+    device = q.get_device()  # (an index: cheaper to get and hash than a torch.device, per call)
+    n = lse_elems + out_elems
+    if not _kept_on(stream, device):
+        buf = q.new_empty(n, dtype=torch.float32)
+        return buf[lse_elems:], buf
+    buffers = getattr(_LOCAL, "buffers", None)
+    if buffers is None:
+        buffers = _LOCAL.buffers = {}
+    entry = buffers.get(device)
+    if entry is None or entry[0].numel() < n:
+        # The old buffer and its views are dropped: launches queued on the stream that still use it run first.
+        entry = buffers[device] = (q.new_empty(max(n, 4096), dtype=torch.float32), {})
+    buf, views = entry
+    out_view = views.get(lse_elems)
+    if out_view is None:
+        out_view = views[lse_elems] = buf[lse_elems:]
+    return out_view, buf
+
+
+@dataclasses.dataclass
+class AttentionLaunch:
+    """The host part of one attention call that depends on metadata only (shapes, strides, dtypes, bounds, flags):
+    computed once per distinct metadata, so a repeated call only gathers its tensors and launches."""
+
+    plan: LaunchPlan
+    grid: tuple[int, int]
+    tail: tuple  # the kernel's float and int arguments, in order
+    # Split-KV: the merge of the partials by a second kernel (None: no split), and the fp32 workspace holding them:
+    # ``lse_elems`` partial lse values (rounded up to keep the partial outputs 16-byte aligned), then ``out_elems``
+    # partial output values.
+    reduce: ReducePlan | None
+    lse_elems: int = 0
+    out_elems: int = 0
+    device_index: int | None = None  # the CUDA device launched on (None: the interpreter)
+    fixed_key: tuple | None = None  # the attention launcher's address-independent key, filled in by the first launch
+    rest: tuple | None = None  # what follows the addresses in a compiled launch (filled in by the first launch)
+    # The warp-specialized sm_90 kernel's launch (``kernels.hopper.prepare``), where the plan takes it and the
+    # caches' layout admits its copies; caches at an address its copies cannot take run the unified kernel.
+    ws: object | None = None
+
+
+def prepare_attention_launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    num_seqs: int,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    softcap: float,
+    present: tuple[bool, bool, bool, bool, bool],
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    interpret: bool,
+    batch_invariant: bool = False,
+    decode_tail: int = -1,
+) -> AttentionLaunch | None:
+    """Plan one launch over validated arguments from their metadata alone (None: nothing to compute). ``present``:
+    whether ``alibi_slopes``, ``sinks``, ``k_scale``, ``v_scale`` and ``block_table_rows`` are given;
+    ``decode_tail``: the caller's hint (see ``ops.paged_attention``)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_pages, page_size, num_kv_heads, _ = k_cache.shape
+    head_dim_v = v_cache.shape[-1]
+    if num_seqs == 0 or num_tokens == 0:
+        return None
+    lp = planning._cached_launch_plan(
+        override_key(), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
+        k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
+        None if interpret else q.device.index, interpret, batch_invariant, narrow_offsets_ok(k_cache, v_cache),
+        min(decode_tail, 1),
+    )  # fmt: skip
+    refusal = None if interpret else compiler_refusal(lp.config, q.device.index)
+    if refusal:
+        raise RuntimeError(refusal)
+    plan = lp.split
+    splits = plan.num_splits
+    reduce, lse_elems, out_elems = None, 0, 0
+    if splits > 1:
+        # The workspace (one fp32 buffer, see _workspace): [S, T, Hq] partial lse, then [S, T, Hq, Dv] outputs.
+        o_strides = (num_tokens * num_q_heads * head_dim_v, num_q_heads * head_dim_v, head_dim_v)
+        l_strides = (num_tokens * num_q_heads, num_q_heads, 1)
+        lse_elems = -(-splits * num_tokens * num_q_heads // 4) * 4
+        out_elems = splits * num_tokens * num_q_heads * head_dim_v
+        # Leaf programs (batch-invariant mode): the reduce folds each fixed segment's leaves first.
+        group = lp.config["invariant_segment"] // plan.segment_len if batch_invariant else 1
+        reduce = reduce_plan(splits, num_tokens, num_q_heads, head_dim_v, o_strides, l_strides, num_seqs,
+                             out.stride()[:2], None if lse is None else lse.stride(), batch_invariant,
+                             lp.constexprs["LAUNCH_DEPENDENTS"], group)  # fmt: skip
+    else:
+        o_strides = (0, *out.stride()[:2])
+        l_strides = (0, *(lse if lse is not None else out).stride()[:2])
+    num_blocks = num_seqs if lp.one_block else num_tokens // lp.block_q + num_seqs
+    tail = (
+        float(scale), float(softcap), window_left, num_seqs, num_seqs - max(decode_tail, 0), num_tokens,
+        *reversed(block_table.shape), num_pages,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *o_strides, *l_strides,
+        block_table.stride(0), plan.segment_len, splits,
+    )  # fmt: skip
+    prepared = AttentionLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems,
+                               None if interpret else q.device.index)  # fmt: skip
+    if lp.ws is not None:  # noqa: SIM102 (the second test reads the caches)
+        if hopper.layout_ok(k_cache, v_cache, check_address=False):
+            block_n, stages = lp.ws
+            # Its mixed batches run in the batch's order: interleaving the decodes cost 580 -> 592 µs there (each
+            # program holds an SM alone).
+            prepared.ws = hopper.prepare(q, k_cache, block_table, out, has_rows=present[4], num_seqs=num_seqs,
+                                         scale=float(scale), causal=causal, block_n=block_n, stages=stages)  # fmt: skip
+    return prepared
+
+
+def run_attention_launch(
+    p: AttentionLaunch,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    optional: tuple[torch.Tensor | None, ...],
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+) -> None:
+    """Launch a prepared call on tensors whose metadata is the one it was prepared from. ``optional``:
+    ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
+    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
+    if p.ws is not None and not (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
+        p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out)
+        return
+    lp = p.plan
+    # One stream query for the workspace and both launches.
+    stream = current_stream(p.device_index)
+    if p.out_elems:
+        dst_out, dst_lse = _workspace(q, p.lse_elems, p.out_elems, stream)
+    else:
+        dst_out, dst_lse = out, lse if lse is not None else out
+    if p.rest is not None:
+        # A repeat of a launched plan: the kernels' addresses read once each, no argument tuples.
+        ptr_q, ptr_bt, ptr_cu = q.data_ptr(), block_table.data_ptr(), cu_seqlens_q.data_ptr()
+        ptr_out, ptr_lse = dst_out.data_ptr(), dst_lse.data_ptr()
+        ptr_rows = block_table_rows.data_ptr() if block_table_rows is not None else ptr_bt
+        # (Spelled out: a comprehension over the four optional tensors costs a frame per call.)
+        ptrs = [ptr_q, k_cache.data_ptr(), v_cache.data_ptr(), ptr_out, ptr_lse, ptr_bt, ptr_rows, ptr_cu,
+                seq_lens.data_ptr(), alibi_slopes.data_ptr() if alibi_slopes is not None else ptr_q,
+                sinks.data_ptr() if sinks is not None else ptr_q, k_scale.data_ptr() if k_scale is not None else ptr_q,
+                v_scale.data_ptr() if v_scale is not None else ptr_q]  # fmt: skip
+        if _launch_attention.launch_addresses(p.grid, ptrs, p.rest, p.fixed_key, stream):
+            r = p.reduce
+            if r is None:
+                return
+            ptr_final = out.data_ptr()
+            ptrs = [ptr_out, ptr_lse, ptr_final, lse.data_ptr() if lse is not None else ptr_lse, ptr_cu]
+            if r.rest is not None and _launch_reduce.launch_addresses(r.grid, ptrs, r.rest, r.fixed_key, stream):
+                return
+            launch_reduce(r, dst_out, dst_lse, cu_seqlens_q, out, lse, stream)
+            return
+    # Absent optional tensors are never read (their constexpr flags are off): q stands in for the pointer.
+    args = (
+        q, k_cache, v_cache, dst_out, dst_lse, block_table,
+        block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
+        alibi_slopes if alibi_slopes is not None else q, sinks if sinks is not None else q,
+        k_scale if k_scale is not None else q, v_scale if v_scale is not None else q, *p.tail,
+    )  # fmt: skip
+    p.fixed_key = _launch_attention(p.grid, args, lp.constexprs, lp.options, lp.kernel_id, p.fixed_key, stream)
+    if p.reduce is not None:
+        launch_reduce(p.reduce, dst_out, dst_lse, cu_seqlens_q, out, lse, stream)
+    if p.rest is None and p.fixed_key is not None and stream is not None:
+        p.rest = _launch_attention.rest(p.tail, lp.constexprs)
+
+
+def launch_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    scale: float,
+    causal: bool,
+    window_left: int,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    block_table_rows: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    interpret: bool,
+    batch_invariant: bool = False,
+    decode_tail: int = -1,
+) -> AttentionLaunch | None:
+    """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
+    Returns the prepared launch (None: nothing to compute), which ``run_attention_launch`` can repeat."""
+    optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
+    p = prepare_attention_launch(
+        q, k_cache, v_cache, block_table, seq_lens.shape[0], max_seqlen_q, max_seqlen_k, scale, causal, window_left,
+        softcap, tuple(t is not None for t in optional), out, lse, interpret, batch_invariant,
+        decode_tail=decode_tail,
+    )  # fmt: skip
+    if p is not None:
+        run_attention_launch(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out, lse)
+    return p

@@ -16,7 +16,7 @@ import torch
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, kv_len: int) -> torch.Tensor:
     """The first ``kv_len`` tokens of one sequence from a paged cache: ``[kv_len, H, D]`` in the cache's dtype.
 
-    A page id outside ``[0, num_pages)`` reads page 0, as the kernels' default ``page_guard`` does (a corrupt
+    A page id outside ``[0, num_pages)`` reads page 0, as the kernels' default ``clamp_pages`` does (a corrupt
     table gives wrong keys, never an error or a read elsewhere; debug mode reports such ids). A ``kv_len`` past the
     table's width is the caller's error (the ops check it)."""
     page_size = cache.shape[1]

@@ -23,9 +23,9 @@ import torch
 
 from triton_paged_ops import configs
 from triton_paged_ops.bench import Case, build_inputs, check_case
+from triton_paged_ops.configs import MAX_SPLIT_Q_LEN, num_sms_of
+from triton_paged_ops.configs.heuristic import attention_config_override, select_attention_config
 from triton_paged_ops.kernels import hopper
-from triton_paged_ops.kernels.attention import attention_config_override, select_attention_config
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_of
 
 # (fn, config) -> µs. The real timer ignores the config; tests pass fake ones that cost configs by rule.
 Timer = Callable[[Callable[[], object], dict], float]
@@ -54,14 +54,14 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
                warp_specialized: bool = False) -> list[dict]:  # fmt: skip
     """Configs to try, in a fixed order (the tie-break order). ``warp_specialized``: the device can run the
     warp-specialized prefill kernel (``kernels.hopper``), whose forms then join the prefill and prompts grids
-    (and the unified kernel's forms say ``ws_prefill`` 1, so a table entry that takes the other kernel does not
+    (and the unified kernel's forms say ``ws_prefill`` false, so a table entry that takes the other kernel does not
     turn them into it)."""
     cands = _unified_candidates(regime, interpret, quick, cache_dtype)
     if warp_specialized and not interpret and regime in ("prefill", "prompts"):
         space = {"ws_block_n": (128,), "ws_stages": (2,)}
         if not quick:
             space = {"ws_block_n": (64, 128), "ws_stages": (2, 3)}
-        cands = [{**c, "ws_prefill": 1} for c in cands] + [{"ws_prefill": 2, **c} for c in _product(space)]
+        cands = [{**c, "ws_prefill": False} for c in cands] + [{"ws_prefill": True, **c} for c in _product(space)]
     return cands
 
 
@@ -72,7 +72,7 @@ def _unified_candidates(regime: str, interpret: bool, quick: bool, cache_dtype: 
         return [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": 4, "num_stages": 1} for m, n in ((128, 128), (64, 64))]
     if regime == "decode_large" and cache_dtype is not None and cache_dtype.itemsize == 1:
         # Batches that fill the GPU: the fp8 loop is latency-bound, so one- and two-warp programs (no CTA-wide
-        # barriers, more programs per SM) compete with the 4-warp ones (H200: 1 warp x 64 keys won, NOTES v28).
+        # barriers, more programs per SM) compete with the 4-warp ones (H200: 1 warp x 64 keys won).
         space = {"BLOCK_N": (64, 128), "num_warps": (1, 4), "num_stages": (2, 3), "programs_per_sm": (2, 6)}
         if not quick:
             space = {"BLOCK_N": (32, 64, 128), "num_warps": (1, 2, 4), "num_stages": (2, 3),
@@ -85,7 +85,7 @@ def _unified_candidates(regime: str, interpret: bool, quick: bool, cache_dtype: 
     elif regime == "decode" and cache_dtype is not None and cache_dtype.itemsize == 1:
         # fp8 tiles are half the bytes of bf16 ones: wider tiles and deeper pipelines fit in shared memory and
         # keep as many bytes in flight; two-warp programs wait at fewer CTA-wide barriers per tile (H200: 2 warps x
-        # 64 keys won, NOTES v28).
+        # 64 keys won).
         space = {"BLOCK_N": (64, 128, 256), "num_warps": (2, 4), "num_stages": (2, 3), "programs_per_sm": (2, 4)}
         if not quick:
             space = {"BLOCK_N": (64, 128, 256), "num_warps": (2, 4, 8), "num_stages": (2, 3, 4),
@@ -106,19 +106,19 @@ def _unified_candidates(regime: str, interpret: bool, quick: bool, cache_dtype: 
         if not quick:
             space = {"BLOCK_M": (32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3)}
     elif regime == "prompts":
-        # Launches without one-token rows: more warps per tile (H200 D128: 16 warps won, NOTES v38) and two
-        # 8-warp programs per SM under a register cap (H200 D64, NOTES v42), which the prefill regime's mixed
+        # Launches without one-token rows: more warps per tile (H200 D128: 16 warps won) and two
+        # 8-warp programs per SM under a register cap (H200 D64), which the prefill regime's mixed
         # batches cannot take. Each warp needs 16 of the tile's rows for the tensor cores. The capped forms also
-        # try the diagonal tiles in the unmasked loop (H200 D64: -4.4%; D128's 16-warp tiles lost, NOTES v43),
-        # both ways explicitly: a candidate's unset keys come from the table entry it is measured over.
+        # try the diagonal tiles in the unmasked loop (H200 D64: -4.4%; D128's 16-warp tiles lost), both ways
+        # explicitly: a candidate's unset keys come from the table entry it is measured over.
         space = {"BLOCK_M": (128, 256), "BLOCK_N": (32, 64), "num_warps": (8, 16), "num_stages": (2, 3)}
         capped = {"BLOCK_M": (128,), "BLOCK_N": (64,), "num_warps": (8,), "num_stages": (2, 3), "maxnreg": (128,),
-                  "diag_loop": (1, 2)}  # fmt: skip
+                  "diag_loop": ("separate", "merged")}  # fmt: skip
         if not quick:
             space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64, 128), "num_warps": (4, 8, 16),
                      "num_stages": (2, 3, 4)}  # fmt: skip
             capped = {"BLOCK_M": (128,), "BLOCK_N": (32, 64, 128), "num_warps": (8,), "num_stages": (2, 3),
-                      "maxnreg": (128,), "diag_loop": (1, 2)}  # fmt: skip
+                      "maxnreg": (128,), "diag_loop": ("separate", "merged")}  # fmt: skip
         return [c for c in _product(space) + _product(capped) if c["BLOCK_M"] >= 16 * c["num_warps"]]
     else:
         space = {"BLOCK_M": (64, 128, 256), "BLOCK_N": (32, 64), "num_warps": (4, 8), "num_stages": (2, 3)}
@@ -189,7 +189,7 @@ def shape_grid(regime: str, head_dim: int, num_q_heads: int, num_kv_heads: int, 
         # (H200, D128: 64-key tiles, 3 stages for whole prompts; 32-key tiles for 256-token chunks). Prompts are
         # these batches called with their layout hint (no one-token rows), prefill the same without it. The quick
         # grid keeps a long prompt too: without it the H200's D128 quick winner (two capped programs an SM) lost
-        # 2% on 1x8k to the entry it had beaten on the shorter shapes (NOTES v44).
+        # 2% on 1x8k to the entry it had beaten on the shorter shapes.
         shapes = [([2048] * 2, 2048), ([8192], 8192), ([4096], 256)] if quick else [([2048] * 4, 2048),
                                                                                     ([8192], 8192),
                                                                                     ([4096] * 2, 512)]  # fmt: skip

@@ -23,8 +23,8 @@ import torch
 import triton
 
 from triton_paged_ops import api, configs
-from triton_paged_ops.kernels.attention import attention_launch_plan, split_plan_for
-from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, num_sms_at, plan_splits
+from triton_paged_ops.configs import MAX_SPLIT_Q_LEN, num_sms_at
+from triton_paged_ops.plan import attention_launch_plan, plan_splits, split_plan_for
 
 _DEFAULT_PROGRAMS_PER_SM = inspect.signature(plan_splits).parameters["programs_per_sm"].default
 _DEFAULT_MIN_SEGMENT = inspect.signature(plan_splits).parameters["min_segment"].default

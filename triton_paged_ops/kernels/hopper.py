@@ -2,7 +2,7 @@
 
 The unified kernel (``attention.py``) leaves the tensor cores idle while a program computes its softmax: Triton's
 pipeliner waits for each ``wgmma`` before the next step, and its 64-row warpgroup tiles either serialize under a
-register cap or take so many registers that one program fills an SM (NOTES v44). This kernel splits a 128-row
+register cap or take so many registers that one program fills an SM. This kernel splits a 128-row
 query tile (``128 // GROUP`` tokens x the ``GROUP`` query heads of one KV head) between two *consumer* warpgroups of
 64 rows each, which run independently (one's softmax beside the other's products), and gives the K/V loads to a
 *producer* warp: it walks the block table and copies each page's rows of a ``BLOCK_N``-key tile into shared memory
@@ -13,9 +13,8 @@ Scope (the launch planner checks it; every other launch runs the unified kernel)
 queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages whose
 size divides the KV tile or is a multiple of it (at least 16 keys when smaller), heads adjacent within a slot,
 causal or not, no window, cap, ALiBi, sinks, cache scales, lse output or split, and not under ``torch.compile``
-tracing. Programs map onto query blocks exactly as the unified kernel's (longest block of a sequence first;
-``mixed_order`` 2 for batches ending in decodes), so one-token sequences of a mixed batch run here too, with one
-consumer warpgroup idle.
+tracing. Programs map onto query blocks exactly as the unified kernel's (longest block of a sequence first, in the
+batch's order), so one-token sequences of a mixed batch run here too, with one consumer warpgroup idle.
 """
 
 from __future__ import annotations
@@ -26,14 +25,7 @@ import torch
 import triton
 
 from triton_paged_ops import configs
-from triton_paged_ops.kernels.attention import (
-    _find_seq,
-    _find_seq_with_tail,
-    _interleave_one_token_rows,
-    _one_token_tail,
-    _query_block,
-    _sequence_keys,
-)
+from triton_paged_ops.kernels.schedule import _find_seq, _query_block, _sequence_keys
 
 try:
     from triton.experimental import gluon
@@ -273,26 +265,20 @@ if gluon is not None:
 
     # Per-batch values are never specialized (a value of 1 would turn them into constants, and a new batch size
     # into a new compile).
-    @gluon.jit(do_not_specialize=("num_seqs", "tail_seq", "num_tokens", "max_pages", "num_bt_rows", "stride_bt_b"))
+    @gluon.jit(do_not_specialize=("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "stride_bt_b"))
     def _ws_prefill_kernel(q_ptr, out_ptr, k_desc, v_desc, block_table_ptr, block_table_rows_ptr, cu_seqlens_q_ptr,
-                           seq_lens_ptr, qk_scale, num_seqs, tail_seq, num_tokens, max_pages, num_bt_rows,
+                           seq_lens_ptr, qk_scale, num_seqs, num_tokens, max_pages, num_bt_rows,
                            stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
                            GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                            BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                           HAS_BT_ROWS: gl.constexpr, MIXED_ORDER: gl.constexpr):  # fmt: skip
+                           HAS_BT_ROWS: gl.constexpr):  # fmt: skip
         BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
         # Program -> (query block, KV head) as in the unified kernel's prefill launches: KV heads fastest in
-        # dispatch order, a sequence's blocks last one first, a one-token tail interleaved with the rest.
+        # dispatch order, a sequence's blocks last one first.
         linear = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
         block_id = linear // gl.num_programs(1)
         kv_head = linear % gl.num_programs(1)
-        if MIXED_ORDER == 2:
-            tail, tail_first, used = _one_token_tail(cu_seqlens_q_ptr, num_seqs, tail_seq, gl.num_programs(0),
-                                                     BLOCK_Q)  # fmt: skip
-            block_id = _interleave_one_token_rows(block_id, tail_first, used)
-            seq = _find_seq_with_tail(cu_seqlens_q_ptr, num_seqs, block_id, tail, tail_first, BLOCK_Q)
-        else:
-            seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
+        seq = _find_seq(cu_seqlens_q_ptr, num_seqs, block_id, BLOCK_Q)
         q_start, q_len, q_block = _query_block(cu_seqlens_q_ptr, seq, block_id, num_tokens, BLOCK_Q)
         if (q_block < 0) | (q_block * BLOCK_Q >= q_len):
             return
@@ -342,7 +328,7 @@ def _descriptor(cache: torch.Tensor, rows: int, layout) -> TensorDescriptor:
 
 
 @dataclasses.dataclass
-class PreparedLaunch:
+class WsLaunch:
     """What a launch's metadata fixes (grid, scalars, constexprs, the copies' shared layout), computed once per
     metadata; a call builds the two descriptors (the caches' addresses) and launches."""
 
@@ -364,9 +350,19 @@ class PreparedLaunch:
         )  # fmt: skip
 
 
-def prepare(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, *, has_rows: bool,
-            num_seqs: int, scale: float, causal: bool, tail_seq: int, mixed_order: int, block_n: int,
-            stages: int) -> PreparedLaunch:  # fmt: skip
+def prepare(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    has_rows: bool,
+    num_seqs: int,
+    scale: float,
+    causal: bool,
+    block_n: int,
+    stages: int,
+) -> WsLaunch:
     """The launch of validated arguments that fit (``shape_ok``, ``layout_ok``), from their metadata. The grid
     depends on shapes only (CUDA-graph safe): ``T // (128 // GROUP) + B`` query blocks x KV heads."""
     num_tokens, num_q_heads, head_dim = q.shape
@@ -374,11 +370,11 @@ def prepare(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, o
     group = num_q_heads // num_kv_heads
     rows = copy_rows(page_size, block_n)
     dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
-    scalars = (scale * LOG2E, num_seqs, tail_seq, num_tokens, block_table.shape[1], block_table.shape[0],
+    scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0],
                q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows,
-                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, MIXED_ORDER=mixed_order,
+                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows,
                       num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (num_tokens // (TILE_ROWS // group) + num_seqs, num_kv_heads)
-    return PreparedLaunch(grid, rows, layout, scalars, constexprs)
+    return WsLaunch(grid, rows, layout, scalars, constexprs)

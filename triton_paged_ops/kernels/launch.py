@@ -204,20 +204,15 @@ class Launcher:
         self.short_launches += 1
         return True
 
-    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, wrap=None, fixed=None,
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict, static, fixed=None,
                  stream: int | None = None):  # fmt: skip
         """Launch ``kernel[grid](*args, **constexprs, **options)``; returns the fixed key it used (or None).
 
         ``static`` must identify ``constexprs`` and ``options`` (e.g. a launch plan's variant key): it is part of
         the cache key in their place, so they are not hashed per call. ``fixed``: what ``fixed_key`` returned for
         an earlier call with the same dtypes and non-tensor arguments (saves recomputing it). ``stream``: the raw
-        handle of the device's current stream, if the caller has it (else looked up). ``wrap`` (e.g.
-        ``torch.library.wrap_triton``) takes Triton's own path through the wrapped kernel.
+        handle of the device's current stream, if the caller has it (else looked up).
         """
-        if wrap is not None:
-            with interpreter_turn():
-                wrap(self.kernel)[grid](*args, **constexprs, **options)
-            return None
         if self.interpreted or not _enabled:
             with interpreter_turn():
                 self.kernel[grid](*args, **constexprs, **options)

@@ -286,7 +286,6 @@ class ReducePlan:
     constexprs: dict
     options: dict  # Triton launch options (num_warps, launch_pdl)
     static: tuple  # identifies ``constexprs`` and ``options`` in the launcher's key
-    traced_options: dict  # ``options`` for a launch through ``wrap`` (no dependent launch: plain stream order)
     fixed_key: tuple | None = None  # the launcher's address-independent key, filled in by the first launch
     rest: tuple | None = None  # what follows the addresses in a compiled launch (filled in by the first launch)
 
@@ -322,12 +321,12 @@ def reduce_plan(
     # group's rows across warps (a reduction through shared memory per step, seen in the sm_90 PTX); one warp
     # keeps each column's rows in one thread.
     # (FP fusion named, as on every launch: Triton's default for it changes in 3.10.)
-    traced = {"num_warps": 1 if sequential and block_d <= 64 else 4, "enable_fp_fusion": True}
+    plain = {"num_warps": 1 if sequential and block_d <= 64 else 4, "enable_fp_fusion": True}
     # A dependent launch lets the reduce's programs be scheduled as the attention kernel's last ones run, instead of
     # after it ends: the launch gap between the two leaves the critical path of a short decode step.
-    options = {**traced, "launch_pdl": True} if dependent else traced
+    options = {**plain, "launch_pdl": True} if dependent else plain
     static = (head_dim, block_s, want_lse, sequential, constexprs["FOLD_GROUP"], dependent)
-    return ReducePlan((num_tokens, num_heads), tail, constexprs, options, static, traced)
+    return ReducePlan((num_tokens, num_heads), tail, constexprs, options, static)
 
 
 @functools.lru_cache(maxsize=16)
@@ -346,19 +345,13 @@ def launch_reduce(
     cu_seqlens_q: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor | None,
-    wrap=None,
     stream: int | None = None,
 ) -> None:
     """Launch a planned reduce on tensors with the metadata it was planned from. Without ``lse`` the kernel is
     given ``part_lse`` in its place (never written: ``WRITE_LSE`` is off). ``stream``: the current stream's raw
-    handle, if the caller has it.
-
-    ``wrap``, if given, is applied to the kernel before launch (``torch.library.wrap_triton`` inside a
-    ``triton_op``).
-    """
+    handle, if the caller has it."""
     args = (part_out, part_lse, out, lse if lse is not None else part_lse, cu_seqlens_q, *plan.tail)
-    options = plan.options if wrap is None else plan.traced_options
-    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, options, plan.static, wrap,
-                                    plan.fixed_key, stream)  # fmt: skip
-    if plan.rest is None and plan.fixed_key is not None and wrap is None:
+    plan.fixed_key = _launch_reduce(plan.grid, args, plan.constexprs, plan.options, plan.static, plan.fixed_key,
+                                    stream)  # fmt: skip
+    if plan.rest is None and plan.fixed_key is not None:
         plan.rest = _launch_reduce.rest(plan.tail, plan.constexprs)

@@ -11,7 +11,7 @@ order: the user file (``$TPA_CONFIG_FILE``, else ``~/.cache/triton_paged_ops/con
 triton_paged_ops tune``), then the tables shipped in ``triton_paged_ops/configs/``; where neither has the installed
 Triton's entry, this GPU's entry measured with another Triton 3.x (nearest first), then the same for the other
 16-bit query dtype (bf16 entries serve fp16 and back, ``DTYPE_TWINS``; not for ``short`` launches); then the
-built-in heuristic (``kernels.attention.select_attention_config``), which covers any GPU, AMD included.
+built-in heuristic (``configs.heuristic.select_attention_config``), which covers any GPU, AMD included.
 
 File format (JSON)::
 
@@ -54,52 +54,39 @@ TILE_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "maxnreg")
 SPLIT_KEYS = ("programs_per_sm", "min_segment", "max_segment", "fill_segment", "fill_percent")
 # Batch-invariant mode: keys per fixed KV segment (a multiple of the decode KV tile); leaves per segment (a power of
 # two: each leaf its own online softmax, a segment the in-order fold of its leaves, a row the in-order fold of its
-# segments); who computes them: 1 one program per segment, 2 one per leaf where the segments' programs would leave
-# SMs idle (default), 3 one per leaf whenever split.
-INVARIANT_KEYS = ("invariant_segment", "invariant_leaves", "invariant_programs")
-# Dispatch order of decode programs: 1 sequences outermost, a sequence's segments adjacent, KV heads slowest;
-# 2 KV heads fastest, then segments, then sequences; 3 KV heads fastest, then sequences, segments slowest; 4 like 3,
-# but each sequence's segments take the last of the segment groups (long sequences' work first, last pieces last).
-# Prefill launches whose batch ends in one-token sequences: 1 query blocks in the batch's order, 2 the one-token
-# tail's blocks alternating with the others'.
-ORDER_KEYS = ("decode_order", "mixed_order")
-# Who merges split-KV partials: 1 a second kernel (default), 2 the last segment program of each tile; whether that
-# second kernel is a plain launch (1) or a programmatic dependent one (2, default where the device has it).
-MERGE_KEYS = ("split_merge", "reduce_launch")
-# KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default: the
-# decode tile's width, at most the launch's own BLOCK_N).
-# How they cut a KV tile: 1 one tile shared by all warps, 2 one run of keys per warp (no window, cap, ALiBi or cache
-# scales; a wide enough tile).
-SMALL_KEYS = ("small_block_n", "small_chunks")
-# A key whose page id lies outside the cache (a corrupt block table; debug mode reports it): 1 dropped (the default
-# for 16-bit decode), 2 read from page 0 (the default elsewhere: the key mask then depends on the key index alone,
-# and whole tiles below the sequence length run unguarded).
-GUARD_KEYS = ("page_guard",)
-# How tall tiles read K/V when one page holds whole KV tiles: 1 per-row gathers through the block table (default),
-# 2 one tensor-descriptor block copy per tile (TMA on NVIDIA sm_90+; gathers elsewhere and for other page sizes).
-# The width of the gathers' K/V offsets: 1 64-bit always, 2 32-bit where every element of both caches lies below
-# 2^31 (default).
-# Taller tiles' unmasked loop: 1 each tile scored and reduced in turn (default), 2 the next tile scored before the
-# current one's softmax (tensor-core work in flight during it).
-# Online softmax: 1 the accumulator multiply skipped in tiles where no row's max moved (a CTA-wide test and branch),
-# 2 done every tile, 3 done every tile with the row sums taken on the tensor cores from the rounded P of P @ V.
-# Page ids of taller tiles over pages of 16+ keys that divide the tile: 1 one load per key, 2 one per page.
-# When taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids: 1 in its own iteration, 2 one
-# tile ahead.
-# Causal taller tiles' diagonal tiles (those the causal mask cuts): 1 in a masked loop of their own after the
-# unmasked one, 2 in the unmasked loop (one pipeline fill per query block), masked where they start.
-LOAD_KEYS = ("kv_loads", "kv_offsets", "qk_ahead", "acc_rescale", "page_ids", "ids_ahead", "diag_loop")
-# Prefill launches on sm_90 (``kernels.hopper``): 1 the unified kernel, 2 the warp-specialized Gluon kernel where
-# the launch fits it (its KV tile width and pipeline stages: ``ws_block_n``, ``ws_stages``; its query tile is 128
-# rows; its dispatch order for batches ending in one-token sequences, as ``mixed_order``: ``ws_mixed_order``); the
-# entry's other keys still configure the unified kernel for the launches that fall back to it.
-WS_KEYS = ("ws_prefill", "ws_block_n", "ws_stages", "ws_mixed_order")
-# Keys that choose between two forms (1 or 2).
-SWITCH_KEYS = ("page_guard", "kv_loads", "kv_offsets", "qk_ahead", "small_chunks", "mixed_order", "page_ids",
-               "ids_ahead", "diag_loop", "ws_prefill", "ws_mixed_order")  # fmt: skip
-CONFIG_KEYS = (TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + ORDER_KEYS + MERGE_KEYS + SMALL_KEYS + GUARD_KEYS + LOAD_KEYS
-               + WS_KEYS)  # fmt: skip
-SHIPPED_DIR = Path(__file__).parent / "configs"
+# segments; small batches run one program per leaf).
+INVARIANT_KEYS = ("invariant_segment", "invariant_leaves")
+# Named values of the keys that choose between forms (the kernel's constexprs of the same names take them as is).
+CHOICES = {
+    # Dispatch order of decode programs: sequences outermost with a sequence's segments adjacent; KV heads fastest,
+    # then segments, then sequences; or KV heads fastest and segments slowest, each sequence's segments in the last
+    # segment groups (long sequences' work first, last pieces last).
+    "decode_order": ("sequences", "heads", "tails_last"),
+    # Online softmax: the accumulator's multiply skipped in tiles where no row's max moved (a CTA-wide test and
+    # branch), or done every tile.
+    "acc_rescale": ("lazy", "always"),
+    # Page ids of taller tiles over pages of 16+ keys that divide the tile: one load per key or one per page.
+    "page_ids": ("per_key", "per_page"),
+    # Causal taller tiles' diagonal tiles (those the causal mask cuts): in a masked loop of their own after the
+    # unmasked one, or merged into the unmasked loop with a run-time mask.
+    "diag_loop": ("separate", "merged"),
+}
+# Yes/no keys: a key whose page id lies outside the cache (a corrupt block table; debug mode reports it) is read
+# from page 0 instead of dropped (the key mask then depends on the key index alone, and whole tiles below the
+# sequence length run unguarded); taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids one
+# tile ahead; sm_90 prefill launches that fit it run the warp-specialized Gluon kernel (``kernels.hopper``; its KV
+# tile width and pipeline stages: ``ws_block_n``, ``ws_stages``; the entry's other keys still configure the unified
+# kernel for the launches that fall back to it).
+FLAG_KEYS = ("clamp_pages", "ids_ahead", "ws_prefill")
+# The KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default:
+# the decode tile's width, at most the launch's own BLOCK_N); the warp-specialized kernel's KV tile width and stages.
+WIDTH_KEYS = ("small_block_n", "ws_block_n", "ws_stages")
+CONFIG_KEYS = TILE_KEYS + SPLIT_KEYS + INVARIANT_KEYS + tuple(CHOICES) + FLAG_KEYS + WIDTH_KEYS
+# Queries up to this long per sequence (decode, speculative verification) are the short-query regime; longer ones
+# split only when their query blocks cannot fill the GPU once (e.g. a small chunk or a cascade's queries over a long
+# prefix).
+MAX_SPLIT_Q_LEN = 16
+SHIPPED_DIR = Path(__file__).parent
 
 
 def user_config_path() -> Path:
@@ -158,7 +145,13 @@ def validate_config(cfg: object) -> str | None:
     for key, val in cfg.items():
         if key not in CONFIG_KEYS:
             return f"unknown key {key!r}"
-        if not isinstance(val, int) or isinstance(val, bool) or val < 1:
+        if key in CHOICES:
+            if val not in CHOICES[key]:
+                return f"{key} must be one of {', '.join(map(repr, CHOICES[key]))}, got {val!r}"
+        elif key in FLAG_KEYS:
+            if not isinstance(val, bool):
+                return f"{key} must be true or false, got {val!r}"
+        elif not isinstance(val, int) or isinstance(val, bool) or val < 1:
             return f"{key} must be a positive integer, got {val!r}"
     for key in ("BLOCK_M", "BLOCK_N", "small_block_n", "ws_block_n"):
         if key in cfg and (cfg[key] < 16 or cfg[key] & (cfg[key] - 1)):
@@ -174,13 +167,6 @@ def validate_config(cfg: object) -> str | None:
         return f"fill_percent must be <= 100, got {cfg['fill_percent']}"
     if cfg.get("min_segment", 1) > cfg.get("max_segment", 1 << 30):
         return "min_segment must not exceed max_segment"
-    for key in SWITCH_KEYS:
-        if cfg.get(key, 1) not in (1, 2):
-            return f"{key} must be 1 or 2, got {cfg[key]}"
-    if cfg.get("acc_rescale", 1) not in (1, 2, 3):
-        return f"acc_rescale must be 1, 2 or 3, got {cfg['acc_rescale']}"
-    if cfg.get("invariant_programs", 1) not in (1, 2, 3):
-        return f"invariant_programs must be 1, 2 or 3, got {cfg['invariant_programs']}"
     if cfg.get("invariant_leaves", 1) & (cfg.get("invariant_leaves", 1) - 1):
         return f"invariant_leaves must be a power of two, got {cfg['invariant_leaves']}"
     return None
@@ -258,6 +244,12 @@ def reload() -> None:
     """Forget the loaded tables (after the user file or ``$TPA_CONFIG_FILE`` changed)."""
     _tables.cache_clear()
     lookup.cache_clear()
+    changed()
+
+
+def changed() -> None:
+    """Tell the caches of decisions derived from configs (``on_reload`` hooks) that they may be stale: the tables
+    were reloaded, or an override entered or left."""
     for hook in _reload_hooks:
         hook()
 
@@ -292,8 +284,8 @@ def without_user_file() -> contextlib.AbstractContextManager:
 # tensor-core rate and tiles (an fp8 cache under an fp16 query is read as under a bf16 one, through fp16). H200,
 # fp16 on the bf16 entries against the heuristic: prefill -21..-35% (D64 +1%), decode equal or better (D64 -21%);
 # the short entry's 64-row tiles lose 5-10% to the heuristic's 16-row ones on 4-token queries (bf16 too), so the
-# ``short`` regime took no stand-in (NOTES v40). Those 4-token launches are ``short_narrow`` now (the decode-style
-# tile), which does: on the bf16 entries within 1%, D64 10% faster (NOTES v41); ``short`` (8-16 tokens at GQA 4)
+# ``short`` regime took no stand-in. Those 4-token launches are ``short_narrow`` now (the decode-style
+# tile), which does: on the bf16 entries within 1%, D64 10% faster; ``short`` (8-16 tokens at GQA 4)
 # with the stand-in is not measured, so it stays without.
 DTYPE_TWINS = {"float16": "bfloat16", "bfloat16": "float16"}
 TWIN_REGIMES = ("decode", "decode_large", "short_narrow", "prefill", "prompts")
@@ -380,3 +372,35 @@ def write_entry(path: Path, gpu: str, capability: str, dtype: str, head_dim: int
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+def device_is_amd(device_index: int) -> bool:
+    """Whether GPU ``device_index`` is an AMD one (a ROCm build of PyTorch)."""
+    return torch.version.hip is not None
+
+
+@functools.lru_cache(maxsize=16)
+def max_shared_memory(device_index: int) -> int:
+    """Bytes of shared memory one program may use on CUDA device ``device_index`` (the driver's opt-in limit; 0 if
+    this Triton cannot tell, so that nothing is planned on a guess)."""
+    try:
+        return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+    except (AttributeError, KeyError, TypeError, RuntimeError):
+        return 0
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms_of(device: torch.device) -> int:
+    """Streaming multiprocessors (or compute units) of ``device``; a nominal 132 elsewhere (interpreter runs)."""
+    if device.type == "cuda":
+        return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return 132
+
+
+def num_sms_at(device_index: int | None) -> int:
+    """``num_sms_of`` the CUDA device ``device_index``; None: the nominal count (CPU tensors, interpreter runs)."""
+    return num_sms_of(torch.device("cuda", device_index) if device_index is not None else torch.device("cpu"))

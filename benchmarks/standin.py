@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import torch
 
-from triton_paged_ops import ops
+from triton_paged_ops import ops, prepared
 from triton_paged_ops.kernels import attention, merge
 from triton_paged_ops.kernels.launch import Launcher
 
@@ -69,19 +69,19 @@ def recording_launches(stream: int = 0x5EED) -> Iterator[tuple[KernelStandIn, Ke
     launches are dropped on entry and exit (they would keep the stand-ins' keys)."""
     attention_kernel = KernelStandIn(attention._paged_attention_kernel, attention._PER_BATCH_ARGS)
     reduce_kernel = KernelStandIn(merge._reduce_splits_kernel, merge._REDUCE_UNSPECIALISED)
-    attention_launcher = Launcher(attention_kernel, num_tensors=16, num_floats=2)
+    attention_launcher = Launcher(attention_kernel, num_tensors=13, num_floats=2)
     reduce_launcher = Launcher(reduce_kernel, num_tensors=5, num_floats=0)
-    saved = [(attention, "_launch_attention"), (attention, "_launch_reduce"), (merge, "_launch_reduce"),
-             (attention, "current_stream"), (attention, "_default_stream"), (ops, "_use_kernels")]  # fmt: skip
+    saved = [(prepared, "_launch_attention"), (prepared, "_launch_reduce"), (merge, "_launch_reduce"),
+             (prepared, "current_stream"), (prepared, "_default_stream"), (ops, "_use_kernels")]  # fmt: skip
     saved = [(module, name, getattr(module, name)) for module, name in saved]
-    attention._launch_attention = attention_launcher
-    attention._launch_reduce = merge._launch_reduce = reduce_launcher
-    attention.current_stream = attention._default_stream = lambda device_index: stream
+    prepared._launch_attention = attention_launcher
+    prepared._launch_reduce = merge._launch_reduce = reduce_launcher
+    prepared.current_stream = prepared._default_stream = lambda device_index: stream
     ops._use_kernels = lambda t: True
-    attention.PREPARED.clear()
+    prepared.PREPARED.clear()
     try:
         yield attention_kernel, reduce_kernel
     finally:
         for module, name, value in saved:
             setattr(module, name, value)
-        attention.PREPARED.clear()
+        prepared.PREPARED.clear()
