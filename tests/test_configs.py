@@ -650,3 +650,22 @@ def test_tuning_shapes_of_each_regime_lie_in_it(group):
                 got = configs.regime_of(max(c.queries()), MAX_SPLIT_Q_LEN, len(c.kv_lens) * 8, sms, no_decodes, group)
                 assert got == regime, (regime, group, c.name)
     assert short_q_len("short_narrow", 4) == 4 and short_q_len("short", 4) == 8
+
+
+def test_kernels_compare_named_values_only_with_their_choices():
+    """The kernels test the named forms as strings (``ACC_RESCALE == "lazy"``): every string a kernel compares a
+    table-named constexpr with must be one of that key's choices, or a form would silently never be taken."""
+    import re
+    from pathlib import Path
+
+    import triton_paged_ops.kernels as kernels
+
+    seen = set()
+    for path in Path(kernels.__file__).parent.glob("*.py"):
+        for name, value in re.findall(r"\b([A-Z_]+) [!=]= \"(\w+)\"", path.read_text()):
+            key = name.lower()
+            if key in configs.CHOICES:
+                assert value in configs.CHOICES[key], (path.name, name, value)
+                seen.add((key, value))
+    # Each key's non-default form is tested by name somewhere in the kernels.
+    assert {k for k, _ in seen} == set(configs.CHOICES), seen

@@ -77,7 +77,7 @@ def _cover_random_serving_batches(invariant: bool, hints: bool, prompts: bool, d
         orders.add(lp.constexprs["MIXED_ORDER"])
         if q > 16:
             warps.add(lp.config["num_warps"])
-    assert orders == ({1, 2} if hints and not invariant else {1})
+    assert orders == ({False, True} if hints and not invariant else {False})
     if prompts and not invariant:
         assert warps == {4, 8}  # both prefill entries were in use
         # Warm-up runs each variant, the prompts' ones with a batch said to hold no one-token sequence.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from triton_paged_ops import ops  # registers torch.ops.tpa.*
+from triton_paged_ops.attention_args import AttentionArgs
 
 _ATTENTION_PARAMS = """
     Parameters
@@ -83,10 +84,10 @@ _ATTENTION_PARAMS = """
 """
 
 
-def _attention(op: str, args: tuple, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
-    """Call attention op ``op`` with its 19 schema arguments ``args`` (and the out variant's buffers): without the
-    dispatcher in plain eager mode (``ops.direct_attention``), else through ``torch.ops``. Arguments go
-    positionally: the dispatcher parses keywords against the schema one by one (several µs per call)."""
+def _attention(op: str, args: AttentionArgs, out: torch.Tensor | None = None, lse: torch.Tensor | None = None):
+    """Call attention op ``op`` with ``args`` (and the out variant's buffers): without the dispatcher in plain eager
+    mode (``ops.direct_attention``), else through ``torch.ops``. Arguments go positionally: the dispatcher parses
+    keywords against the schema one by one (several µs per call)."""
     done = ops.direct_attention(op, args, out, lse)
     if done is not ops.MISS:
         return done
@@ -124,7 +125,7 @@ def paged_attention(
     batch_invariant: bool = False,
     decode_tail: int = -1,
 ) -> torch.Tensor:
-    return _attention("paged_attention", (
+    return _attention("paged_attention", AttentionArgs(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
         decode_tail,
@@ -173,7 +174,7 @@ def paged_attention_with_lse(
     batch_invariant: bool = False,
     decode_tail: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _attention("paged_attention_with_lse", (
+    return _attention("paged_attention_with_lse", AttentionArgs(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
         decode_tail,
@@ -215,7 +216,7 @@ def paged_attention_out(
     out: torch.Tensor,
     lse: torch.Tensor | None = None,
 ) -> None:
-    _attention("paged_attention_out", (
+    _attention("paged_attention_out", AttentionArgs(
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
         decode_tail,

@@ -14,6 +14,7 @@ import torch
 import triton
 
 from triton_paged_ops import checks, reference
+from triton_paged_ops.attention_args import AttentionArgs, attention_schema
 from triton_paged_ops.kernels.cache import _launch_reshape_and_cache
 from triton_paged_ops.kernels.merge import _launch_merge_attn_states
 from triton_paged_ops.plan import key_bound
@@ -51,49 +52,18 @@ def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if device is None else torch.cuda.device(device)
 
 
-def _attention_into(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    causal: bool,
-    window_left: int,
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    block_table_rows: torch.Tensor | None,
-    batch_invariant: bool,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    decode_tail: int = -1,
-) -> AttentionLaunch | None:
+def _attention_into(a: AttentionArgs, out: torch.Tensor, lse: torch.Tensor | None) -> AttentionLaunch | None:
     """Shared body of the three attention ops after the checks: kernel or reference, writing ``out``/``lse``.
     Returns the prepared launch of a kernel run (None: nothing launched, or the reference ran)."""
     if checks.debug_mode():
-        checks.debug_check_attention(
-            q, k_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, block_table_rows, decode_tail
-        )
-    if _use_kernels(q):
-        return launch_paged_attention(
-            q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, out, lse, INTERPRET,
-            batch_invariant, decode_tail=decode_tail,
-        )  # fmt: skip
+        checks.debug_check_attention(a.q, a.k_cache, a.block_table, a.cu_seqlens_q, a.seq_lens, a.max_seqlen_q,
+                                     a.max_seqlen_k, a.block_table_rows, a.decode_tail)  # fmt: skip
+    if _use_kernels(a.q):
+        return launch_paged_attention(a, out, lse, INTERPRET)
     # (The reference attends each sequence on its own, in fp32: batch-invariant already.)
-    ref_out, ref_lse = reference.paged_attention_with_lse(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal=causal,
-        window_left=window_left, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, k_scale=k_scale,
-        v_scale=v_scale, block_table_rows=block_table_rows,
-    )  # fmt: skip
+    ref_out, ref_lse = reference.paged_attention_with_lse(*a)
     # The reference writes every row; the kernels leave rows past cu_seqlens_q[-1] alone. Match that.
-    n = int(cu_seqlens_q[-1]) if cu_seqlens_q.numel() else 0
+    n = int(a.cu_seqlens_q[-1]) if a.cu_seqlens_q.numel() else 0
     out[:n].copy_(ref_out[:n])
     if lse is not None:
         lse[:n].copy_(ref_lse[:n])
@@ -118,8 +88,8 @@ _jit_tracing = _torch_hook(torch._C, "_get_tracing_state")
 _profiling = _torch_hook(torch._C._autograd, "_profiler_enabled")
 
 
-def _plain_eager(args: tuple) -> bool:
-    """Whether ``torch.ops`` would do nothing but call an attention op's body on its 19 schema arguments ``args``, as
+def _plain_eager(a: AttentionArgs) -> bool:
+    """Whether ``torch.ops`` would do nothing but call an attention op's body on the arguments ``a``, as
     far as the process state and the host values tell: not compiling or tracing (dynamo reads ``is_compiling()`` as
     True and keeps the op in its graph), no torch function or dispatch mode (fake tensors, functionalization, ``with
     torch.device``), no functorch transform, no profiler (the dispatcher records the op), and Python
@@ -127,9 +97,9 @@ def _plain_eager(args: tuple) -> bool:
     ``_plain_tensors``' to judge (or a prepared launch's matcher's)."""
     # (Spelled out: loops over tuples of the scalars cost as much as all the hooks together.)
     return not (
-        type(args[6]) is not int or type(args[7]) is not int or type(args[10]) is not int
-        or type(args[8]) is not float or type(args[11]) is not float or type(args[9]) is not bool
-        or type(args[17]) is not bool or type(args[18]) is not int or _compiling() or _dispatch_modes()
+        type(a.max_seqlen_q) is not int or type(a.max_seqlen_k) is not int or type(a.window_left) is not int
+        or type(a.scale) is not float or type(a.softcap) is not float or type(a.causal) is not bool
+        or type(a.batch_invariant) is not bool or type(a.decode_tail) is not int or _compiling() or _dispatch_modes()
         or _function_modes() or _functorch_active() or _jit_tracing() is not None or _profiling()
     )  # fmt: skip
 
@@ -142,42 +112,36 @@ def _plain_tensors(tensors: tuple) -> bool:
     return all(t is None or (type(t) is torch.Tensor and not t.requires_grad) for t in tensors)
 
 
-def direct_attention(op: str, args: tuple, out: torch.Tensor | None, lse: torch.Tensor | None):
+def direct_attention(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: torch.Tensor | None):
     """An attention op's result computed without the dispatcher (a prepared launch repeated, or the op body), or
-    ``MISS`` when only ``torch.ops`` may run this call. ``args``: the 19 schema arguments. The dispatcher costs
+    ``MISS`` when only ``torch.ops`` may run this call. The dispatcher costs
     ~6 µs of an eager decode call; it bumps no version counter for these ops, so skipping it changes nothing else
     where ``_plain_eager`` and ``_plain_tensors`` (or the matched launch's ``direct``) hold."""
-    if not isinstance(args[0], torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(args[0]).__name__}")
-    if not _plain_eager(args):
+    if not isinstance(a.q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(a.q).__name__}")
+    if not _plain_eager(a):
         return MISS
-    done = _repeat(op, *args, out, lse, True)
+    done = _repeat(op, a, out, lse, True)
     if done is not MISS:
         return done
-    if not _plain_tensors((*args[:6], *args[12:17], out, lse)):
+    if not _plain_tensors((*a[:6], *a.optional(), out, lse)):
         return MISS
-    return _attention(*args, out=out, lse=lse, op=op, fake=False)
+    return _attention_body(op, a, out, lse, fake=False)
 
 
 _NOTHING_OPTIONAL = (True,) * 6
 
 
-def _lookup(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-            decode_tail, out, lse) -> tuple[tuple, tuple]:  # fmt: skip
+def _lookup(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: torch.Tensor | None) -> tuple[tuple, tuple]:
     """A call's prepared-launch key: host values (with ``max_seqlen_k``'s planning bound, ``plan.key_bound``, and
     which optional tensors are absent), and the tensors a matcher compares (the present ones, in schema order)."""
-    absent = (alibi_slopes is None, sinks is None, k_scale is None, v_scale is None, block_table_rows is None,
-              lse is None)  # fmt: skip
-    host = (op, q.shape, max_seqlen_q, key_bound(max_seqlen_k), scale, causal, window_left, softcap, batch_invariant,
-            decode_tail, absent)  # fmt: skip
-    if out is None:
-        tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
-    else:
-        tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, out)
+    absent = (a.alibi_slopes is None, a.sinks is None, a.k_scale is None, a.v_scale is None,
+              a.block_table_rows is None, lse is None)  # fmt: skip
+    host = (op, a.q.shape, a.max_seqlen_q, key_bound(a.max_seqlen_k), a.scale, a.causal, a.window_left, a.softcap,
+            a.batch_invariant, a.decode_tail, absent)  # fmt: skip
+    tensors = a[:6] if out is None else (*a[:6], out)
     if absent != _NOTHING_OPTIONAL:
-        optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows, lse)
-        tensors += tuple([t for t in optional if t is not None])
+        tensors += tuple([t for t in (*a.optional(), lse) if t is not None])
     return host, tensors
 
 
@@ -186,9 +150,7 @@ def _table_keys(k_cache: torch.Tensor, block_table: torch.Tensor) -> int:
     return block_table.shape[1] * k_cache.shape[1]
 
 
-def _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-            decode_tail, out, lse, direct: bool = False):  # fmt: skip
+def _repeat(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: torch.Tensor | None, direct: bool = False):
     """Run the launch an earlier successful call with the same metadata prepared, on these tensors, and return the
     op's result; ``MISS`` (nothing done) when there is none, or the call needs the full path (debug mode, another
     current device, ``max_seqlen_k`` past the block table's reach, or ``direct`` and a launch not prepared from
@@ -199,34 +161,24 @@ def _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_se
     if _debug_mode():
         return MISS
     try:
-        entry = PREPARED.find(*_lookup(
-            op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale, causal,
-            window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-            decode_tail, out, lse,
-        ))  # fmt: skip
+        entry = PREPARED.find(*_lookup(op, a, out, lse))
     except (AttributeError, TypeError):  # not a tensor, not an int
         return MISS
     if (
-        entry is None or not 0 <= max_seqlen_k <= entry.capacity or (direct and not entry.direct)
-        or _foreign_device(q) is not None
+        entry is None or not 0 <= a.max_seqlen_k <= entry.capacity or (direct and not entry.direct)
+        or _foreign_device(a.q) is not None
     ):  # fmt: skip
         return MISS
     if op != "paged_attention_out":
-        out, lse = _new_outputs(q, v_cache, op)
+        out, lse = _new_outputs(a.q, a.v_cache, op)
     if entry.value is not None:
-        optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-        run_attention_launch(entry.value, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out, lse)
+        run_attention_launch(entry.value, a, out, lse)
     return _result(op, out, lse)
 
 
 # The three attention ops share one argument list. The out variant takes its buffers keyword-only (like aten's
 # out= overloads); torch.library.custom_op refuses keyword-only tensors, so all three are defined from schemas.
-_ATTENTION_ARGS = (
-    "Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cu_seqlens_q, Tensor seq_lens, "
-    "SymInt max_seqlen_q, SymInt max_seqlen_k, float scale, bool causal=True, SymInt window_left=-1, "
-    "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? sinks=None, Tensor? k_scale=None, Tensor? v_scale=None, "
-    "Tensor? block_table_rows=None, bool batch_invariant=False, SymInt decode_tail=-1"
-)
+_ATTENTION_ARGS = attention_schema()
 _ATTENTION_OPS = {
     "paged_attention": f"({_ATTENTION_ARGS}) -> Tensor",
     "paged_attention_with_lse": f"({_ATTENTION_ARGS}) -> (Tensor, Tensor)",
@@ -234,75 +186,47 @@ _ATTENTION_OPS = {
 }
 
 
-def _attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    block_table_rows: torch.Tensor | None = None,
-    batch_invariant: bool = False,
-    decode_tail: int = -1,
-    *,
-    out: torch.Tensor | None = None,
-    lse: torch.Tensor | None = None,
-    op: str,
-    fake: bool,
-):
+def _attention(*args, op: str, fake: bool, out: torch.Tensor | None = None, lse: torch.Tensor | None = None, **kwargs):
+    """The registered implementation (``fake=False``) and fake of attention op ``op``: its schema arguments as
+    passed by the dispatcher, gathered into one record."""
+    return _attention_body(op, AttentionArgs(*args, **kwargs), out, lse, fake)
+
+
+def _attention_body(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: torch.Tensor | None, fake: bool):
     """Body of all three attention ops, real (``fake=False``) and fake: same checks, same output allocation.
 
     A real call whose metadata (shapes, strides, dtypes, devices, host values) equals an earlier successful call's
     skips the checks and the launch planning and launches what that call prepared (``_repeat``): the eager host
     path of a serving loop's repeated shapes is then the dispatch, that lookup and the launch itself."""
     out_arg, lse_arg = out, lse  # (the other ops allocate theirs below: the key holds what the caller passed)
+    q = a.q
     if torch.is_grad_enabled():
-        checks.check_no_grad(op, q=q, k_cache=k_cache, v_cache=v_cache, alibi_slopes=alibi_slopes, sinks=sinks,
-                             k_scale=k_scale, v_scale=v_scale)  # fmt: skip
+        checks.check_no_grad(op, q=q, k_cache=a.k_cache, v_cache=a.v_cache, alibi_slopes=a.alibi_slopes,
+                             sinks=a.sinks, k_scale=a.k_scale, v_scale=a.v_scale)  # fmt: skip
     if not fake:
-        done = _repeat(op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k,
-                       scale, causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
-                       batch_invariant, decode_tail, out, lse)  # fmt: skip
+        done = _repeat(op, a, out, lse)
         if done is not MISS:
             return done
         device = _foreign_device(q)
         if device is not None:
             with torch.cuda.device(device):
-                tensors = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens)
-                flags = (causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-                return _attention(*tensors, max_seqlen_q, max_seqlen_k, scale, *flags, batch_invariant, decode_tail,
-                                  out=out, lse=lse, op=op, fake=fake)  # fmt: skip
-    args = (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale)
-    feats = (window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
-    checks.check_attention_args(*args, *feats, decode_tail)
+                return _attention_body(op, a, out, lse, fake)
+    checks.check_attention_args(*a[:9], a.window_left, a.softcap, *a.optional(), a.decode_tail)
     if op == "paged_attention_out":
-        checks.check_attention_outputs(q, v_cache, out, lse)
+        checks.check_attention_outputs(q, a.v_cache, out, lse)
     else:
-        out, lse = _new_outputs(q, v_cache, op)
+        out, lse = _new_outputs(q, a.v_cache, op)
     if not fake:
         keep = not checks.debug_mode() and _use_kernels(q)
-        capacity = _table_keys(k_cache, block_table)
+        capacity = _table_keys(a.k_cache, a.block_table)
+        planned = a
         if keep:
             # Planned for the bound the host key holds (capped by the table, as the checks passed for the exact one).
-            args = (*args[:7], min(key_bound(max_seqlen_k), capacity), scale)
-        prepared = _attention_into(*args, causal, *feats, batch_invariant, out, lse, decode_tail)
+            planned = a._replace(max_seqlen_k=min(key_bound(a.max_seqlen_k), capacity))
+        launch = _attention_into(planned, out, lse)
         if keep:
-            host, tensors = _lookup(
-                op, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-                causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows,
-                batch_invariant, decode_tail, out_arg, lse_arg,
-            )  # fmt: skip
-            PREPARED.add(host, tensors, prepared, capacity, _plain_tensors(tensors))
+            host, tensors = _lookup(op, a, out_arg, lse_arg)
+            PREPARED.add(host, tensors, launch, capacity, _plain_tensors(tensors))
     return _result(op, out, lse)
 
 

@@ -22,11 +22,12 @@ import torch
 
 from triton_paged_ops import configs
 from triton_paged_ops import plan as planning
+from triton_paged_ops.attention_args import AttentionArgs
 from triton_paged_ops.configs.heuristic import override_key
 from triton_paged_ops.kernels import hopper
 from triton_paged_ops.kernels.attention import _launch_attention
 from triton_paged_ops.kernels.merge import ReducePlan, _launch_reduce, launch_reduce, reduce_plan
-from triton_paged_ops.plan import LaunchPlan, compiler_refusal, narrow_offsets_ok
+from triton_paged_ops.plan import LaunchPlan, compiler_refusal
 
 
 def _facts(t: torch.Tensor) -> tuple:
@@ -249,7 +250,7 @@ def prepare_attention_launch(
     lp = planning._cached_launch_plan(
         override_key(), num_q_heads, num_kv_heads, head_dim, head_dim_v, page_size, q.dtype,
         k_cache.dtype, num_seqs, max_seqlen_q, max_seqlen_k, causal, window_left, softcap, *present, lse is not None,
-        None if interpret else q.device.index, interpret, batch_invariant, narrow_offsets_ok(k_cache, v_cache),
+        None if interpret else q.device.index, interpret, batch_invariant, planning.narrow_offsets_ok(k_cache, v_cache),
         min(decode_tail, 1),
     )  # fmt: skip
     refusal = None if interpret else compiler_refusal(lp.config, q.device.index)
@@ -291,21 +292,10 @@ def prepare_attention_launch(
     return prepared
 
 
-def run_attention_launch(
-    p: AttentionLaunch,
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    optional: tuple[torch.Tensor | None, ...],
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-) -> None:
-    """Launch a prepared call on tensors whose metadata is the one it was prepared from. ``optional``:
-    ``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``, each a tensor or None."""
-    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = optional
+def run_attention_launch(p: AttentionLaunch, a: AttentionArgs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
+    """Launch a prepared call on arguments whose metadata is the one it was prepared from."""
+    q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens = a[:6]
+    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a.optional()
     if p.ws is not None and not (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
         p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out)
         return
@@ -351,37 +341,15 @@ def run_attention_launch(
 
 
 def launch_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    causal: bool,
-    window_left: int,
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    block_table_rows: torch.Tensor | None,
-    out: torch.Tensor,
-    lse: torch.Tensor | None,
-    interpret: bool,
-    batch_invariant: bool = False,
-    decode_tail: int = -1,
+    a: AttentionArgs, out: torch.Tensor, lse: torch.Tensor | None, interpret: bool
 ) -> AttentionLaunch | None:
-    """Launch over validated arguments (see ``ops.paged_attention``); writes ``out`` and, if given, ``lse``.
-    Returns the prepared launch (None: nothing to compute), which ``run_attention_launch`` can repeat."""
-    optional = (alibi_slopes, sinks, k_scale, v_scale, block_table_rows)
+    """Launch over validated arguments; writes ``out`` and, if given, ``lse``. Returns the prepared launch (None:
+    nothing to compute), which ``run_attention_launch`` can repeat."""
     p = prepare_attention_launch(
-        q, k_cache, v_cache, block_table, seq_lens.shape[0], max_seqlen_q, max_seqlen_k, scale, causal, window_left,
-        softcap, tuple(t is not None for t in optional), out, lse, interpret, batch_invariant,
-        decode_tail=decode_tail,
+        a.q, a.k_cache, a.v_cache, a.block_table, a.seq_lens.shape[0], a.max_seqlen_q, a.max_seqlen_k, a.scale,
+        a.causal, a.window_left, a.softcap, tuple(t is not None for t in a.optional()), out, lse, interpret,
+        a.batch_invariant, a.decode_tail,
     )  # fmt: skip
     if p is not None:
-        run_attention_launch(p, q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, optional, out, lse)
+        run_attention_launch(p, a, out, lse)
     return p

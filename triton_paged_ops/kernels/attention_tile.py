@@ -213,11 +213,12 @@ def _tile_update(
     p = tl.exp2(tl.fma(s, qk_scale, -m_safe[:, None])) if FOLD_SCALE else tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if ACC_RESCALE == 1:
+    if ACC_RESCALE == "lazy":
         # alpha is exactly 1 where the max stayed: skip the tile's accumulator multiply when no row moved.
         if tl.max((m_new > m_i).to(tl.int32), 0) > 0:
             acc = acc * alpha[:, None]
     else:
+        tl.static_assert(ACC_RESCALE == "always", "acc_rescale is 'lazy' or 'always'")
         # Every tile (the same bits: x * 1 is x), no CTA-wide test. (With Triton 3.7 the skip's branch between the
         # MMAs made ptxas serialize every wgmma of the kernel at 128x128 tiles on sm_90: C7515.)
         acc = acc * alpha[:, None]
