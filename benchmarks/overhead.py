@@ -20,6 +20,7 @@ import torch
 
 from benchmarks import standin
 from triton_paged_ops import checks
+from triton_paged_ops.attention_args import AttentionArgs
 from triton_paged_ops.bench import (
     Case,
     build_inputs,
@@ -48,7 +49,7 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
         **call_layer_times_us(inp.args, out, calls),
         **decode_loop_times_us(inp.args, out, calls),
         "first_call_checks": host_time_us(
-            lambda: checks.check_attention_args(*inp.args, -1, 0.0, None, None, None, None, None), calls
+            lambda: checks.check_attention_args(AttentionArgs(*inp.args)), calls
         ),
         "first_call_planning_without_kernels": host_time_us(
             lambda: prepare_attention_launch(

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from triton_paged_ops import ops  # registers torch.ops.tpa.*
-from triton_paged_ops.attention_args import AttentionArgs
+from triton_paged_ops.attention_args import AttentionArgs, bind, signature
 
 _ATTENTION_PARAMS = """
     Parameters
@@ -152,33 +154,8 @@ paged_attention.__doc__ = f"""Attention of a ragged batch of new tokens over a p
 """
 
 
-def paged_attention_with_lse(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    *,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    block_table_rows: torch.Tensor | None = None,
-    batch_invariant: bool = False,
-    decode_tail: int = -1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return _attention("paged_attention_with_lse", AttentionArgs(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-        causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-        decode_tail,
-    ))  # fmt: skip
+def paged_attention_with_lse(*args, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    return _attention("paged_attention_with_lse", bind("paged_attention_with_lse", args, options))
 
 
 paged_attention_with_lse.__doc__ = f"""Like :func:`paged_attention`, also returning the log-sum-exp of each row.
@@ -192,37 +169,16 @@ paged_attention_with_lse.__doc__ = f"""Like :func:`paged_attention`, also return
 """
 
 
-def paged_attention_out(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    *,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    block_table_rows: torch.Tensor | None = None,
-    batch_invariant: bool = False,
-    decode_tail: int = -1,
-    out: torch.Tensor,
-    lse: torch.Tensor | None = None,
-) -> None:
-    _attention("paged_attention_out", AttentionArgs(
-        q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
-        causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
-        decode_tail,
-    ), out, lse)  # fmt: skip
+def paged_attention_out(*args, out: torch.Tensor, lse: torch.Tensor | None = None, **options) -> None:
+    _attention("paged_attention_out", bind("paged_attention_out", args, options), out, lse)
 
 
+# Typed signatures for help() and IDEs (the arguments are ``paged_attention``'s).
+paged_attention_with_lse.__signature__ = signature(tuple[torch.Tensor, torch.Tensor])
+paged_attention_out.__signature__ = signature(None, (
+    inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation=torch.Tensor),
+    inspect.Parameter("lse", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=torch.Tensor | None),
+))  # fmt: skip
 paged_attention_out.__doc__ = f"""Like :func:`paged_attention_with_lse`, writing into caller-provided buffers.
 
     Allocates nothing, so it suits CUDA graphs and serving frameworks that own the output memory.

@@ -8,6 +8,7 @@ A ``NamedTuple``: building one costs about as much as the tuple it replaces (the
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -57,3 +58,19 @@ def attention_schema() -> str:
             part += f"={'None' if default is None else default}"
         parts.append(part)
     return ", ".join(parts)
+
+
+def bind(fn: str, args: tuple, options: dict) -> AttentionArgs:
+    """The record of a call of ``fn`` in the ops' Python form: ``q`` to ``scale`` positional or by keyword, the rest
+    by keyword only."""
+    if len(args) > 9:
+        raise TypeError(f"{fn}() takes at most 9 positional arguments (q to scale), got {len(args)}")
+    return AttentionArgs(*args, **options)
+
+
+def signature(return_annotation: object, extra: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
+    """The Python signature of the calls ``bind`` accepts (for ``help()`` and IDEs): the record's fields, those
+    after ``scale`` keyword-only, then ``extra``."""
+    params = list(inspect.signature(AttentionArgs).parameters.values())
+    params[9:] = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[9:]]
+    return inspect.Signature([*params, *extra], return_annotation=return_annotation)

@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from triton_paged_ops.attention_args import AttentionArgs
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # fp8 caches (with per-tensor k_scale / v_scale): e4m3fn (NVIDIA, OCP) and e4m3fnuz (AMD MI300).
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
@@ -110,26 +112,11 @@ def _check_scale_tensor(name: str, t: torch.Tensor | None, device: torch.device)
     _require(t.device == device, lambda: f"{name} is on {t.device} but q is on {device}")
 
 
-def check_attention_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    window_left: int,
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    block_table_rows: torch.Tensor | None = None,
-    decode_tail: int = -1,
-) -> None:
-    """Metadata-only checks of ``paged_attention``'s arguments; raises ``ValueError``/``TypeError`` naming one."""
+def check_attention_args(a: AttentionArgs) -> None:
+    """Metadata-only checks of an attention call's arguments; raises ``ValueError``/``TypeError`` naming one."""
+    q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale = a[:9]
+    window_left, softcap, decode_tail = a.window_left, a.softcap, a.decode_tail
+    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a.optional()
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     dev = q.device

@@ -211,7 +211,7 @@ def _attention_body(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: to
         if device is not None:
             with torch.cuda.device(device):
                 return _attention_body(op, a, out, lse, fake)
-    checks.check_attention_args(*a[:9], a.window_left, a.softcap, *a.optional(), a.decode_tail)
+    checks.check_attention_args(a)
     if op == "paged_attention_out":
         checks.check_attention_outputs(q, a.v_cache, out, lse)
     else:

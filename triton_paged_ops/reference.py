@@ -7,10 +7,11 @@ Layouts and semantics are those documented on :func:`triton_paged_ops.paged_atte
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
+
+from triton_paged_ops.attention_args import bind, signature
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -26,36 +27,19 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, kv_len: int) -
     return cache[pages, tokens % page_size]
 
 
-def paged_attention_with_lse(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    scale: float,
-    *,
-    causal: bool = True,
-    window_left: int = -1,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    block_table_rows: torch.Tensor | None = None,
-    batch_invariant: bool = False,
-    decode_tail: int = -1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference paged attention with the arguments of ``tpa.paged_attention_with_lse`` (the same call binds the same
-    values). Returns ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32, natural log).
+def paged_attention_with_lse(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference paged attention with the arguments of ``tpa.paged_attention_with_lse`` (``AttentionArgs``: the
+    same call binds the same values). Returns ``out [T, Hq, Dv]`` (q's dtype) and ``lse [T, Hq]`` (fp32, natural
+    log).
 
     Rows with no visible key get ``out = 0`` and ``lse = -inf`` (or the sink logit when ``sinks`` is given). The
     bounds must hold (a ValueError says which does not); ``batch_invariant`` and ``decode_tail`` change nothing here
     (this computes each row alone, exactly).
     """
-    del batch_invariant, decode_tail
+    a = bind("paged_attention_with_lse", args, kwargs)
+    q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale = a[:9]
+    causal, window_left, softcap = a.causal, a.window_left, a.softcap
+    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a.optional()
     q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
     if q_lens and max(q_lens) > max_seqlen_q:
         raise ValueError(f"max_seqlen_q={max_seqlen_q} is below a query length ({max(q_lens)})")
@@ -122,7 +106,8 @@ def paged_attention(*args, **kwargs) -> torch.Tensor:
     return paged_attention_with_lse(*args, **kwargs)[0]
 
 
-paged_attention.__signature__ = inspect.signature(paged_attention_with_lse).replace(return_annotation=torch.Tensor)
+paged_attention_with_lse.__signature__ = signature(tuple[torch.Tensor, torch.Tensor])
+paged_attention.__signature__ = signature(torch.Tensor)
 
 
 def reshape_and_cache(
