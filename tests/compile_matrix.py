@@ -172,7 +172,7 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
     nvidia_sm90 = not gpu.amd and float(gpu.capability) >= 9
     with posing.planned_as(gpu):
         # (Posed as planned for real launches: sm_90+ NVIDIA GPUs chain the reduce as a dependent launch.)
-        merge.dependent_launch_supported = lambda device_index: nvidia_sm90
+        planning.dependent_launch_supported = lambda device_index: nvidia_sm90
         lps = _launch_plans(gpu, models)
         table = gpu is posing.H200
         reduces = set()

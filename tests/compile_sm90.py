@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from triton_paged_ops import configs, plan
+from triton_paged_ops import configs
 from triton_paged_ops import plan as planning
 from triton_paged_ops.configs import heuristic
 from triton_paged_ops.kernels import attention, cache, merge
@@ -123,11 +123,11 @@ def pose_as(gpu: str, capability: str, triton_version: str, num_sms: int = 132) 
     """Plan launches (device_index 0) as on that GPU with that Triton: its shipped table applies, ``num_sms`` SMs."""
     configs.device_identity = lambda device_index: (gpu, capability)
     configs.triton_version = lambda: triton_version
-    plan._num_sms = lambda device_index: num_sms
+    configs._num_sms = lambda device_index: num_sms
     # (What sm_90 lets one program opt into; launch options gated on their buffers fitting read it.)
     configs.max_shared_memory = lambda device_index: SM90_SHARED_BYTES
     # An sm_90 device: the reduce is a dependent launch (the attention kernel signals it, the reduce waits).
-    merge.dependent_launch_supported = lambda device_index: device_index is not None
+    planning.dependent_launch_supported = lambda device_index: device_index is not None
     configs.reload()
 
 
