@@ -8,7 +8,7 @@ import inspect
 import torch
 
 from triton_paged_ops import ops  # registers torch.ops.tpa.*
-from triton_paged_ops.attention_args import AttentionArgs, bind, signature
+from triton_paged_ops.attention_args import AttentionArgs, bind, record, signature
 
 _ATTENTION_PARAMS = """
     Parameters
@@ -127,11 +127,11 @@ def paged_attention(
     batch_invariant: bool = False,
     decode_tail: int = -1,
 ) -> torch.Tensor:
-    return _attention("paged_attention", AttentionArgs(
+    return _attention("paged_attention", record(AttentionArgs, (
         q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale,
         causal, window_left, softcap, alibi_slopes, sinks, k_scale, v_scale, block_table_rows, batch_invariant,
         decode_tail,
-    ))  # fmt: skip
+    )))  # fmt: skip
 
 
 paged_attention.__doc__ = f"""Attention of a ragged batch of new tokens over a paged KV cache (prefill, decode, mixed).

@@ -39,7 +39,14 @@ class AttentionArgs(NamedTuple):
 
     def optional(self) -> tuple[torch.Tensor | None, ...]:
         """``(alibi_slopes, sinks, k_scale, v_scale, block_table_rows)``: the optional tensors, in schema order."""
-        return self.alibi_slopes, self.sinks, self.k_scale, self.v_scale, self.block_table_rows
+        return self[OPTIONAL]
+
+
+# The optional tensors' slice of the record (hot paths slice it directly).
+OPTIONAL = slice(12, 17)
+# A record from a complete tuple of the 19 values, without binding them one by one (the eager host path is timed
+# in µs: the generated ``__new__`` costs ~0.5 µs a call).
+record = tuple.__new__
 
 
 # Python annotation -> schema type (ints are SymInt: under torch.compile a bound may be symbolic).

@@ -14,7 +14,7 @@ import torch
 import triton
 
 from triton_paged_ops import checks, reference
-from triton_paged_ops.attention_args import AttentionArgs, attention_schema
+from triton_paged_ops.attention_args import OPTIONAL, AttentionArgs, attention_schema, record
 from triton_paged_ops.kernels.cache import _launch_reshape_and_cache
 from triton_paged_ops.kernels.merge import _launch_merge_attn_states
 from triton_paged_ops.plan import key_bound
@@ -95,11 +95,13 @@ def _plain_eager(a: AttentionArgs) -> bool:
     torch.device``), no functorch transform, no profiler (the dispatcher records the op), and Python
     ``int``/``float``/``bool`` scalars (what the dispatcher converts or refuses otherwise). The tensors are
     ``_plain_tensors``' to judge (or a prepared launch's matcher's)."""
-    # (Spelled out: loops over tuples of the scalars cost as much as all the hooks together.)
+    # (Spelled out, on locals: loops over tuples of the scalars, or field reads, cost as much as all the hooks.)
+    max_q, max_k, scale, causal, window_left, softcap = a[6:12]
+    invariant, tail = a[17:]
     return not (
-        type(a.max_seqlen_q) is not int or type(a.max_seqlen_k) is not int or type(a.window_left) is not int
-        or type(a.scale) is not float or type(a.softcap) is not float or type(a.causal) is not bool
-        or type(a.batch_invariant) is not bool or type(a.decode_tail) is not int or _compiling() or _dispatch_modes()
+        type(max_q) is not int or type(max_k) is not int or type(window_left) is not int
+        or type(scale) is not float or type(softcap) is not float or type(causal) is not bool
+        or type(invariant) is not bool or type(tail) is not int or _compiling() or _dispatch_modes()
         or _function_modes() or _functorch_active() or _jit_tracing() is not None or _profiling()
     )  # fmt: skip
 
@@ -124,7 +126,7 @@ def direct_attention(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: t
     done = _repeat(op, a, out, lse, True)
     if done is not MISS:
         return done
-    if not _plain_tensors((*a[:6], *a.optional(), out, lse)):
+    if not _plain_tensors((*a[:6], *a[OPTIONAL], out, lse)):
         return MISS
     return _attention_body(op, a, out, lse, fake=False)
 
@@ -135,13 +137,13 @@ _NOTHING_OPTIONAL = (True,) * 6
 def _lookup(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: torch.Tensor | None) -> tuple[tuple, tuple]:
     """A call's prepared-launch key: host values (with ``max_seqlen_k``'s planning bound, ``plan.key_bound``, and
     which optional tensors are absent), and the tensors a matcher compares (the present ones, in schema order)."""
-    absent = (a.alibi_slopes is None, a.sinks is None, a.k_scale is None, a.v_scale is None,
-              a.block_table_rows is None, lse is None)  # fmt: skip
-    host = (op, a.q.shape, a.max_seqlen_q, key_bound(a.max_seqlen_k), a.scale, a.causal, a.window_left, a.softcap,
-            a.batch_invariant, a.decode_tail, absent)  # fmt: skip
+    # (One unpacking into locals: a field read per value costs more.)
+    max_q, max_k, scale, causal, window_left, softcap, alibi, sinks, k_scale, v_scale, rows, invariant, tail = a[6:]
+    absent = (alibi is None, sinks is None, k_scale is None, v_scale is None, rows is None, lse is None)
+    host = (op, a[0].shape, max_q, key_bound(max_k), scale, causal, window_left, softcap, invariant, tail, absent)
     tensors = a[:6] if out is None else (*a[:6], out)
     if absent != _NOTHING_OPTIONAL:
-        tensors += tuple([t for t in (*a.optional(), lse) if t is not None])
+        tensors += tuple([t for t in (*a[OPTIONAL], lse) if t is not None])
     return host, tensors
 
 
@@ -189,7 +191,9 @@ _ATTENTION_OPS = {
 def _attention(*args, op: str, fake: bool, out: torch.Tensor | None = None, lse: torch.Tensor | None = None, **kwargs):
     """The registered implementation (``fake=False``) and fake of attention op ``op``: its schema arguments as
     passed by the dispatcher, gathered into one record."""
-    return _attention_body(op, AttentionArgs(*args, **kwargs), out, lse, fake)
+    # (The dispatcher passes all 19 positionally: the record is then that tuple.)
+    a = record(AttentionArgs, args) if len(args) == 19 and not kwargs else AttentionArgs(*args, **kwargs)
+    return _attention_body(op, a, out, lse, fake)
 
 
 def _attention_body(op: str, a: AttentionArgs, out: torch.Tensor | None, lse: torch.Tensor | None, fake: bool):

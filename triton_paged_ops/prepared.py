@@ -22,7 +22,7 @@ import torch
 
 from triton_paged_ops import configs
 from triton_paged_ops import plan as planning
-from triton_paged_ops.attention_args import AttentionArgs
+from triton_paged_ops.attention_args import OPTIONAL, AttentionArgs
 from triton_paged_ops.configs.heuristic import override_key
 from triton_paged_ops.kernels import hopper
 from triton_paged_ops.kernels.attention import _launch_attention
@@ -295,7 +295,7 @@ def prepare_attention_launch(
 def run_attention_launch(p: AttentionLaunch, a: AttentionArgs, out: torch.Tensor, lse: torch.Tensor | None) -> None:
     """Launch a prepared call on arguments whose metadata is the one it was prepared from."""
     q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens = a[:6]
-    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a.optional()
+    alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a[OPTIONAL]
     if p.ws is not None and not (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
         p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out)
         return
