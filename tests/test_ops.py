@@ -75,6 +75,39 @@ def test_three_attention_ops_agree_bitwise():
     assert torch.equal(out, out2) and torch.equal(out, out3) and torch.equal(lse2, lse3)
 
 
+@pytest.mark.skipif(DEVICE != "cpu" or not ops.INTERPRET, reason="compares the CPU path with the interpreted kernels")
+def test_cpu_tensors_without_the_interpreter_take_the_reference_path(monkeypatch):
+    """CPU tensors outside the interpreter (e.g. an SGLang server on its CPU engine) are served by the reference:
+    every op and entry (typed wrappers, torch.ops, reshape_and_cache) agrees with the interpreted kernels, and
+    rows past ``cu_seqlens_q[-1]`` stay untouched as the kernels leave them."""
+    p = build(spec(use_sinks=True, softcap=5.0, window_left=6, pad_tokens=2, rows_dtype=torch.int64, seed=11),
+              DEVICE)  # fmt: skip
+    n = p.num_real_tokens
+
+    def run_all():
+        out = tpa.paged_attention(*p.args, **p.kwargs)
+        out2, lse2 = torch.ops.tpa.paged_attention_with_lse(*p.args, **p.kwargs)
+        out3 = torch.full_like(out, float("nan"))
+        lse3 = torch.full_like(lse2, float("nan"))
+        tpa.paged_attention_out(*p.args, **p.kwargs, out=out3, lse=lse3)
+        k_cache, v_cache = p.k_cache.clone(), p.v_cache.clone()
+        key = torch.randn(4, *k_cache.shape[2:], generator=torch.Generator().manual_seed(1))
+        slots = torch.tensor([0, 5, -1, 7], dtype=torch.int32)
+        tpa.reshape_and_cache(key, key * 2, k_cache, v_cache, slots)
+        return out[:n], out2[:n], lse2[:n], out3, lse3, k_cache, v_cache
+
+    kernels = run_all()
+    monkeypatch.setattr(ops, "INTERPRET", False)
+    prepared.PREPARED.clear()  # (the kernels' prepared launches would be repeated)
+    served = run_all()
+    assert not prepared.PREPARED
+    assert served[3][n:].isnan().all() and served[4][n:].isnan().all()
+    for want, got in zip(kernels, served):
+        got = got[:n] if got.shape[0] > n and got.dim() < 4 else got
+        want = want[:n] if want.shape[0] > n and want.dim() < 4 else want
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 def _dispatched(monkeypatch) -> list[str]:
     """Spy on the typed wrappers' route through ``torch.ops``: the names of the ops they dispatch, in order."""
     routed = []

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from triton_paged_ops.attention_args import bind, signature
+from triton_paged_ops.attention_args import AttentionArgs, bind, signature
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, kv_len: int) -> torch.Tensor:
@@ -36,7 +36,11 @@ def paged_attention_with_lse(*args, **kwargs) -> tuple[torch.Tensor, torch.Tenso
     bounds must hold (a ValueError says which does not); ``batch_invariant`` and ``decode_tail`` change nothing here
     (this computes each row alone, exactly).
     """
-    a = bind("paged_attention_with_lse", args, kwargs)
+    return attention_of(bind("paged_attention_with_lse", args, kwargs))
+
+
+def attention_of(a: AttentionArgs) -> tuple[torch.Tensor, torch.Tensor]:
+    """``paged_attention_with_lse`` of an already bound record (the ops' CPU path without the interpreter)."""
     q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens, max_seqlen_q, max_seqlen_k, scale = a[:9]
     causal, window_left, softcap = a.causal, a.window_left, a.softcap
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a.optional()
