@@ -1,9 +1,14 @@
 """SGLang ``AttentionBackend`` over the ``tpa`` ops: a translation table from SGLang's batch to ours.
 
 SGLang keeps K/V in a token-slot pool (``[slots, Hkv, D]`` per layer) and maps each request's positions to slots
-through ``req_to_token``. Seen as a paged cache with one-token pages, the pool is ``k_cache [slots, 1, Hkv, D]`` and
-``req_to_token`` is the block table, a request's row picked by ``req_pool_indices`` (the ops' ``block_table_rows``) —
-whatever SGLang's own page size, with no copy of the pool or of the token map.
+through ``req_to_token``. Two views of it, neither copying the pool:
+
+* **tokens** (SGLang's page size 1): one-token pages, ``k_cache [slots, 1, Hkv, D]``, and ``req_to_token`` itself is
+  the block table, a request's row picked by ``req_pool_indices`` (the ops' ``block_table_rows``).
+* **pages** (page size P > 1): SGLang's allocator gives each request whole pages (slot = page * P + offset, the
+  offsets in order), so ``k_cache [slots / P, P, Hkv, D]`` and a page table ``req_to_token[rows, ::P] // P`` built
+  on the device once per batch. The kernels then read pages of P tokens (the tiles and prefill kernels that need
+  pages of 16 or more become reachable).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
 
 import triton_paged_ops as tpa
+from triton_paged_ops import checks, ops
 from triton_paged_ops.checks import FLOAT_DTYPES, FP8_DTYPES
 
 logger = logging.getLogger(__name__)
@@ -80,8 +86,10 @@ class TpaMetadata:
     copy of the token map is made.
     """
 
-    block_table: torch.Tensor  # [req_pool_size, max_context_len] int32: token slots = page ids of 1-token pages
-    rows: torch.Tensor  # [B] int32/int64: req_pool_indices
+    # Token view: req_to_token [req_pool_size, max_context_len] int32 (token slots = ids of one-token pages).
+    # Page view: [B, pages] int32, this batch's page ids (SGLang's page size).
+    block_table: torch.Tensor
+    rows: torch.Tensor | None  # [B] req_pool_indices (token view); None (page view: the table has the batch's rows)
     cu_seqlens_q: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32, prefix + new tokens
     max_seqlen_q: int
@@ -132,7 +140,20 @@ class TpaAttnBackend(AttentionBackend):
                 "tpa backend: hybrid sliding-window KV pools are not supported; start SGLang with "
                 "--disable-hybrid-swa-memory (one pool for all layers; the window is still applied)"
             )
+        self.page_size = int(getattr(self.token_to_kv_pool, "page_size", None) or getattr(model_runner, "page_size", 1))
+        layout = getattr(self.token_to_kv_pool, "kv_cache_layout", "nhd")
+        if layout not in ("nhd", "hnd"):
+            raise NotImplementedError(f"tpa backend: KV cache layout {layout!r} is not supported (only 'nhd', or "
+                                      "'hnd' from SGLANG_USE_HND_KVCACHE)")  # fmt: skip
+        self.hnd = layout == "hnd"  # pool buffers [pages, Hkv, P, D]
+        # The page view wherever SGLang's pages have more than one token (or its buffers are per page).
+        self.paged = self.page_size > 1 or self.hnd
         self.forward_metadata: TpaMetadata | None = None
+        on_cpu = torch.device(self.device).type == "cpu"
+        served_by = "the PyTorch reference" if on_cpu and not ops.INTERPRET else "the Triton kernels"
+        logger.info("tpa backend: %s view of the KV pool (page size %d), served by %s%s",
+                    "page" if self.paged else "token", self.page_size, served_by,
+                    " under Triton's interpreter" if on_cpu and ops.INTERPRET else "")  # fmt: skip
         # fp8 caches: each layer's dequantisation scales as the ops take them (see _scales). The unit scale is made
         # here, not on first use, which may fall inside a CUDA-graph capture.
         self._kv_scales: dict[int, tuple] = {}
@@ -164,10 +185,11 @@ class TpaAttnBackend(AttentionBackend):
         cache_dtype = self._cache_dtype(model_runner)
         settings = ServingSettings(
             num_q_heads=cfg.get_num_attention_heads(tp), num_kv_heads=cfg.get_num_kv_heads(tp),
-            head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim, page_size=1,
+            head_dim=cfg.head_dim, head_dim_v=getattr(cfg, "v_head_dim", None) or cfg.head_dim,
+            page_size=self.page_size if self.paged else 1,
             dtype=model_runner.dtype, cache_dtype=cache_dtype, kv_scale=cache_dtype is not None,
             max_batch=max_batch, max_context=self.max_context_len, max_query=max(1, min(chunk, self.max_context_len)),
-            block_table_rows=True, batch_invariant=self.batch_invariant, decode_tail=True,
+            block_table_rows=not self.paged, batch_invariant=self.batch_invariant, decode_tail=True,
         )  # fmt: skip
         report = warmup(settings, self.device)
         logger.info("tpa warm-up: %d attention variants in %.1f s", report.variants, report.seconds)
@@ -234,16 +256,57 @@ class TpaAttnBackend(AttentionBackend):
             max_k = int(seq_lens_cpu.max()) + added
         else:
             max_k = self.max_context_len
+        max_k = min(max(1, max_k), self.max_context_len)
+        if self.paged:
+            table, rows = self._page_table(forward_batch.req_pool_indices, max_k), None
+            if checks.debug_mode():
+                self._check_whole_pages(forward_batch.req_pool_indices, seq_lens, table)
+        else:
+            table, rows = self.req_to_token, forward_batch.req_pool_indices
         self.forward_metadata = TpaMetadata(
-            self.req_to_token,
-            forward_batch.req_pool_indices,
-            cu,
-            seq_lens,
-            max_q,
-            min(max(1, max_k), self.max_context_len),
-            added_keys=added,
-            decode_tail=decode_tail,
-        )
+            table, rows, cu, seq_lens, max_q, max_k, added_keys=added, decode_tail=decode_tail
+        )  # fmt: skip
+
+    def _page_columns(self, max_k: int) -> torch.Tensor:
+        """``req_to_token``'s first slot of each page, for contexts of up to ``max_k`` keys (a strided view)."""
+        p = self.page_size
+        return self.req_to_token[:, : -(-max_k // p) * p : p]
+
+    def _page_table(self, rows: torch.Tensor, max_k: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The batch's page table on the device, no host sync: each row's page-start slots divided by the page
+        size (``out``: a static buffer of the graph path, filled in place)."""
+        cols = self._page_columns(max_k)
+        if out is None:
+            return torch.index_select(cols, 0, rows).floor_divide_(self.page_size)
+        torch.index_select(cols, 0, rows, out=out)
+        return out.floor_divide_(self.page_size)
+
+    def _check_whole_pages(self, rows: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor) -> None:
+        """Debug mode (``TPA_DEBUG=1``; synchronises): the page view's premise, that position ``i`` of a request
+        sits in slot ``table[i // P] * P + i % P``, holds for every key of the batch."""
+        p, width = self.page_size, table.shape[1] * self.page_size
+        tokens = self.req_to_token[rows.long(), :width]
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        expected = table.repeat_interleave(p, dim=1)[:, : tokens.shape[1]] * p + pos % p
+        bad = ((tokens != expected) & (pos < seq_lens[:, None])).nonzero()
+        if bad.numel():
+            b, i = bad[0].tolist()
+            raise ValueError(
+                f"tpa backend: req_to_token row {int(rows[b])} position {i} holds slot {int(tokens[b, i])}, not "
+                f"{int(expected[b, i])}: the request's slots are not whole pages of {p} in order"
+            )
+
+    def _cache_view(self, buf: torch.Tensor) -> torch.Tensor:
+        """A layer's K or V pool buffer as the ops' paged cache ``[pages, page_size, Hkv, D]``, without a copy."""
+        if self.hnd:  # [pages, Hkv, P, D]
+            return buf.transpose(1, 2)
+        if not self.paged:  # token slots as one-token pages
+            return buf.unsqueeze(1)
+        # Slot s is token s % P of page s // P; a last, partial page (SGLang pads the buffer by one page and never
+        # hands out its tail) is left out.
+        p = self.page_size
+        n = buf.shape[0] // p
+        return buf[: n * p].unflatten(0, (n, p))
 
     # CUDA graphs (decode and chain verify). The captured kernels read static buffers: rows and lengths are copied
     # into them inside the graph, the query offsets (one row, or one draft chain, per request) never change, and the
@@ -252,6 +315,10 @@ class TpaAttnBackend(AttentionBackend):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         self._cg_rows = torch.zeros(max_bs, dtype=torch.int64, device=self.device)
+        # Page view: the batch's page table, refilled inside the graph (as wide as the pool's rows).
+        if self.paged:
+            cols = self._page_columns(self.max_context_len).shape[1]
+            self._cg_table = torch.zeros(max_bs, cols, dtype=torch.int32, device=self.device)
         self._cg_seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self._cg_cu = torch.arange(max_bs + 1, dtype=torch.int32, device=self.device)
         self._graph_metadata = {}
@@ -282,9 +349,13 @@ class TpaAttnBackend(AttentionBackend):
                 cu = torch.arange(0, bs * drafts + 1, drafts, dtype=torch.int32, device=self.device)
             else:
                 cu = self._cg_cu[: bs + 1]
+            if self.paged:
+                table, rows = self._cg_table[:bs], None
+            else:
+                table, rows = self.req_to_token, self._cg_rows[:bs]
             md = TpaMetadata(
-                self.req_to_token, self._cg_rows[:bs], cu, self._cg_seq_lens[:bs], max(1, drafts),
-                self.max_context_len, in_graph=True, added_keys=drafts,
+                table, rows, cu, self._cg_seq_lens[:bs], max(1, drafts), self.max_context_len, in_graph=True,
+                added_keys=drafts,
             )  # fmt: skip
             self._graph_metadata[(bs, drafts)] = md
         self.forward_metadata = md
@@ -294,7 +365,10 @@ class TpaAttnBackend(AttentionBackend):
         if md is None or not md.in_graph:
             return
         bs = forward_batch.batch_size
-        md.rows.copy_(forward_batch.req_pool_indices[:bs])
+        if self.paged:
+            self._page_table(forward_batch.req_pool_indices[:bs], self.max_context_len, out=md.block_table)
+        else:
+            md.rows.copy_(forward_batch.req_pool_indices[:bs])
         torch.add(forward_batch.seq_lens[:bs], md.added_keys, out=md.seq_lens)
 
     def _mask(self, layer, extend: bool) -> tuple[bool, int]:
@@ -339,15 +413,16 @@ class TpaAttnBackend(AttentionBackend):
             raise NotImplementedError("tpa backend: returning the log-sum-exp (mha_return_lse) is not supported")
         k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         v_buf = self.token_to_kv_pool.get_value_buffer(layer.layer_id)
+        if k_buf.dtype == torch.uint8 and getattr(self.token_to_kv_pool, "dtype", None) in FP8_DTYPES:
+            # An fp8 pool's storage as bytes (SGLang stores fp8 as uint8): its elements are the pool's fp8 dtype.
+            k_buf, v_buf = k_buf.view(self.token_to_kv_pool.dtype), v_buf.view(self.token_to_kv_pool.dtype)
         k_scale, v_scale = self._scales(layer, k_buf)
         if layer.logit_cap and layer.logit_cap > 0 and getattr(layer, "logit_capping_method", "tanh") != "tanh":
             raise NotImplementedError(f"tpa backend: logit capping {layer.logit_capping_method!r} is not supported")
         num_q_heads, head_dim, head_dim_v = layer.tp_q_head_num, layer.qk_head_dim, layer.v_head_dim
         q3 = q.reshape(-1, num_q_heads, head_dim)
         o = q.new_empty(q3.shape[0], num_q_heads * head_dim_v)
-        # The pool's token slots are pages of one token: [slots, Hkv, D] -> [slots, 1, Hkv, D], no copy.
-        k_cache = k_buf.unsqueeze(1)
-        v_cache = v_buf.unsqueeze(1)
+        k_cache, v_cache = self._cache_view(k_buf), self._cache_view(v_buf)
         # The typed wrapper: in eager mode it skips the dispatcher (~5 µs per layer), under torch.compile it puts
         # torch.ops.tpa.paged_attention_out itself in the graph.
         tpa.paged_attention_out(

@@ -315,9 +315,11 @@ def test_chain_target_verify_cuda_graph_metadata_protocol(case, monkeypatch):
     """The kit's CUDA-graph verify flow: metadata for a captured batch size, a replay with other prefixes and
     padded requests through the same static buffers, matching the reference and the eager run.
 
-    The flow rewrites prefixes at the kit's contiguous slots, so its fixture takes the layout whose prefixes lie
-    there (drafts still scattered out of order); with shuffled prefix pages the rewrite would clobber them."""
-    build = functools.partial(kit.build_dense_attention_fixture, loc_layout="non_monotonic_extend")
+    The flow rewrites prefixes at the kit's contiguous slots, so its fixture takes a layout whose prefixes lie
+    there (with shuffled prefix pages the rewrite would clobber them): with one-token pages the drafts scattered
+    out of order; with larger pages the plain contiguous one, as SGLang's allocator gives whole pages in order."""
+    layout = "non_monotonic_extend" if case.page_size == 1 else "contiguous"
+    build = functools.partial(kit.build_dense_attention_fixture, loc_layout=layout)
     monkeypatch.setattr(verify_kit, "build_dense_attention_fixture", build)
     with torch.no_grad():
         verify_kit.run_dense_spec_verify_cuda_graph_case(_Case(), case, topk=1, device=DEVICE, dtype=DTYPE)
@@ -367,8 +369,12 @@ def test_unsupported_forward_modes_are_refused_clearly():
                 init(batch)
 
 
+WARMUP_CASES = [next(c for c in CASES if c.page_size == 1), next(c for c in DECODE_CASES if c.page_size > 1)]
+
+
+@pytest.mark.parametrize("case", WARMUP_CASES, ids=[c.name for c in WARMUP_CASES])
 @pytest.mark.parametrize("fp8", [False, True], ids=["model_dtype_pool", "fp8_pool"])
-def test_start_up_warmup_reads_the_runner_settings(monkeypatch, fp8):
+def test_start_up_warmup_reads_the_runner_settings(monkeypatch, fp8, case):
     """The warm-up the backend runs at start-up on a GPU (here called directly): model dims, limits and the pool's
     dtype come from SGLang's runner, and it compiles the variants a serving loop with those limits reaches."""
     from triton_paged_ops import warmup as wu
@@ -381,14 +387,15 @@ def test_start_up_warmup_reads_the_runner_settings(monkeypatch, fp8):
         return real(settings, device)
 
     monkeypatch.setattr(wu, "warmup", spy)
-    case = DECODE_CASES[0]
     with torch.no_grad():
         fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
         if fp8:
             fixture = _with_fp8_pool(fixture, None)
         fixture.backend._warmup(fixture.runner)
     assert seen["num_q_heads"] == case.num_heads and seen["num_kv_heads"] == case.num_kv_heads
-    assert seen["head_dim"] == kit.DEFAULT_HEAD_DIM and seen["page_size"] == 1 and seen["block_table_rows"]
+    assert seen["head_dim"] == kit.DEFAULT_HEAD_DIM
+    # SGLang's pages as the ops' pages; one-token pages read through req_to_token's rows.
+    assert seen["page_size"] == case.page_size and seen["block_table_rows"] == (case.page_size == 1)
     assert seen["max_context"] == fixture.runner.req_to_token_pool.req_to_token.shape[1]
     # An fp8 pool is read with scales (1 here): the warm-up compiles that variant.
     assert (seen["cache_dtype"], seen["kv_scale"]) == ((torch.float8_e4m3fn, True) if fp8 else (None, False))
@@ -592,3 +599,108 @@ def test_layouts_and_masks_the_backend_cannot_read_are_refused_at_start_up():
     runner.server_args.enable_unified_memory, runner.attention_chunk_size = False, 8192
     with pytest.raises(NotImplementedError, match="chunked local attention"):
         TpaAttnBackend(runner)
+
+
+# SGLang's pages as the ops' pages: the kit's other slot layouts (pages of a request interleaved with another's,
+# or all in order), beyond its default of shuffled pages per request. With one-token pages also slots out of order
+# within an extend (which a paged allocator never gives: it hands out whole pages).
+LAYOUT_CASES = [(c, layout) for c in CASES for layout in ("interleaved_pages", "contiguous")]
+LAYOUT_CASES += [(c, "non_monotonic_extend") for c in CASES if c.page_size == 1]
+
+
+@pytest.mark.parametrize(("case", "layout"), LAYOUT_CASES, ids=[f"{c.name}-{lay}" for c, lay in LAYOUT_CASES])
+def test_dense_case_over_slot_layouts(case, layout, monkeypatch):
+    seen = _spy_caches(monkeypatch)
+    build = functools.partial(kit.build_dense_attention_fixture, loc_layout=layout)
+    monkeypatch.setattr(kit, "build_dense_attention_fixture", build)
+    with torch.no_grad():
+        kit.run_dense_attention_case(_Case(), case, device=DEVICE, dtype=DTYPE)
+    # The page view for pages of more than one token (a page table of the batch's rows), the token view otherwise.
+    assert seen and all(s == (case.page_size, case.page_size == 1) for s in seen)
+
+
+def _spy_caches(monkeypatch) -> list:
+    """Records ``(cache page size, rows given)`` of each op call the backend makes."""
+    from triton_paged_ops.integrations.sglang import backend as tpa_backend
+
+    seen = []
+    real = tpa_backend.tpa.paged_attention_out
+
+    def spy(*args, **kwargs):
+        seen.append((args[1].shape[1], kwargs["block_table_rows"] is not None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tpa_backend.tpa, "paged_attention_out", spy)
+    return seen
+
+
+PAGED_CASES = [c for c in CASES if c.page_size > 1][:3]
+
+
+@pytest.mark.parametrize("case", PAGED_CASES, ids=[c.name for c in PAGED_CASES])
+def test_hnd_pool_layout(case, monkeypatch):
+    """``SGLANG_USE_HND_KVCACHE=1`` pools (``[pages, Hkv, P, D]``) are read as pages, through a strided view."""
+    monkeypatch.setenv("SGLANG_USE_HND_KVCACHE", "1")
+    seen = _spy_caches(monkeypatch)
+    with torch.no_grad():
+        fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
+        assert fixture.runner.token_to_kv_pool.kv_cache_layout == "hnd"
+        actual = kit.run_dense_fixture_eager(fixture).float()
+        expected = kit.expected_dense_fixture_output(fixture).float()
+    assert seen and all(s == (case.page_size, False) for s in seen)
+    torch.testing.assert_close(actual, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_pool_layouts_the_ops_cannot_read_are_refused():
+    from types import SimpleNamespace
+
+    from triton_paged_ops.integrations.sglang.backend import TpaAttnBackend
+
+    runner = SimpleNamespace(
+        device="cpu", server_args=SimpleNamespace(enable_deterministic_inference=False),
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(2, 8, dtype=torch.int32)),
+        token_to_kv_pool=SimpleNamespace(page_size=16, kv_cache_layout="vectorized_5d"),
+    )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="vectorized_5d"):
+        TpaAttnBackend(runner)
+
+
+def test_debug_mode_refuses_slots_that_are_not_whole_pages(monkeypatch):
+    """The page view reads slot ``page * P + i % P`` for position ``i``: a token map breaking that (which SGLang's
+    paged allocator never writes) is reported in debug mode instead of read as pages."""
+    from triton_paged_ops import checks
+
+    case = next(c for c in CASES if c.page_size > 1 and max(c.extend_lens) > 1)
+    monkeypatch.setattr(checks, "_debug", True)
+    with torch.no_grad():
+        fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE,
+                                                    loc_layout="non_monotonic_extend")  # fmt: skip
+        with pytest.raises(ValueError, match="not whole pages"):
+            kit.run_dense_fixture_eager(fixture)
+        # The kit's default layout (whole pages, shuffled) passes the same check.
+        fixture = kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE)
+        kit.run_dense_fixture_eager(fixture)
+
+
+LAYER_BENCH_CASES = [
+    dict(name="decode", mode="DECODE", prefix=[37, 5, 70], new=[1, 1, 1]),
+    dict(name="extend", mode="EXTEND", prefix=[20, 0], new=[9, 17]),
+    dict(name="mixed", mode="MIXED", prefix=[33, 40, 18], new=[12, 1, 1]),
+]
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("case", LAYER_BENCH_CASES, ids=[c["name"] for c in LAYER_BENCH_CASES])
+def test_layer_benchmark_batches_are_served_alike(case, page_size):
+    """``benchmarks.sglang_layer``'s batches (pages placed at random, kit runner) at small sizes: tpa and SGLang's
+    triton backend give the same output, eager and through the decode-graph metadata protocol (run eagerly)."""
+    from benchmarks import sglang_layer as bench
+
+    b = bench.Batch(case, page_size, seed=0, device=DEVICE, dtype=DTYPE)
+    with torch.no_grad():
+        outs = {name: bench.first_call(b, name)[1] for name in bench.BACKENDS}
+        assert bench.rel_diff(outs) < (1e-4 if DTYPE == torch.float32 else 1e-2)
+        if b.decode:
+            for name in bench.BACKENDS:
+                step = bench.graph_step(b, b.backend(name))
+                torch.testing.assert_close(step().float(), outs[name], rtol=1e-4, atol=1e-4)
