@@ -275,13 +275,41 @@ def _line(r: dict) -> str:
     return " | ".join(parts)
 
 
+def profile_host(case_name: str, page_size: int, name: str, calls: int = 300, top: int = 25) -> None:
+    """Where one eager layer call's host time goes (cProfile over ``calls`` calls, cumulative order)."""
+    import cProfile
+    import pstats
+
+    case = next(c for c in cases() if c["name"] == case_name)
+    b = Batch(case, page_size, seed=0)
+    with torch.no_grad():
+        backend, _ = first_call(b, name)
+        for _ in range(20):
+            b.forward(backend)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            backend.init_forward_metadata(b.batch)
+            b.forward(backend)
+        prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.sglang_layer", description=__doc__.split("\n\n")[0])
     p.add_argument("--page-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", help="cases whose name contains this text")
     p.add_argument("--out", help="results JSON")
+    p.add_argument("--profile", metavar="BACKEND", help="instead: profile the host time of BACKEND's eager calls "
+                   "(metadata + one layer) on the first selected case and page size")  # fmt: skip
     args = p.parse_args(argv)
+    if args.profile:
+        case = next(c["name"] for c in cases() if not args.only or args.only in c["name"])
+        profile_host(case, args.page_sizes[0], args.profile)
+        return 0
     from triton_paged_ops.bench import finish
 
     result = run(args.page_sizes, args.seed, args.only)

@@ -1,6 +1,7 @@
 """Import-time stand-in for SGLang's CUDA kernel package (sgl-kernel, several hundred MB) on GPU test machines that
-lack it. SGLang imports it at module level on CUDA; the tpa backend and SGLang's dense attention test kit call none
-of its kernels. Every name, in this module or any submodule, is a stand-in that raises if it is ever called."""
+lack it. SGLang imports it at module level on CUDA; the tpa backend, SGLang's Triton backend and its dense attention
+test kit call none of its kernels. Every name, in this module or any submodule, is a stand-in that raises if it is
+ever called, except the device query in ``utils``."""
 
 import importlib.abc
 import importlib.machinery
