@@ -177,6 +177,19 @@ def rel_diff(outs: dict[str, torch.Tensor]) -> float:
     return float((a - c).norm() / c.norm())
 
 
+def _timings(b: Batch, backend, read_tbps: float) -> dict:
+    forward_us = _graph_us(lambda: b.forward(backend))
+    kv_tbps = b.kv_bytes / forward_us / 1e6
+    return {
+        "forward_us": forward_us,
+        "eager_us": _host_us(lambda: b.forward(backend)),
+        "metadata_us": _host_us(lambda: backend.init_forward_metadata(b.batch)),
+        "kv_tbps": kv_tbps,
+        "kv_read_ratio": kv_tbps / read_tbps,
+        "tflops": b.flops / forward_us / 1e6,
+    }
+
+
 def measure(case: dict, page_size: int, seed: int, read_tbps: float) -> dict:
     b = Batch(case, page_size, seed)
     rec = {"case": case["name"], "page_size": page_size, "kv_bytes": b.kv_bytes, "flops": b.flops}
@@ -185,15 +198,7 @@ def measure(case: dict, page_size: int, seed: int, read_tbps: float) -> dict:
         for name in BACKENDS:
             try:
                 backend, outs[name] = first_call(b, name)
-                forward_us = _graph_us(lambda: b.forward(backend))
-                r = {
-                    "forward_us": forward_us,
-                    "eager_us": _host_us(lambda: b.forward(backend)),
-                    "metadata_us": _host_us(lambda: backend.init_forward_metadata(b.batch)),
-                    "kv_tbps": b.kv_bytes / forward_us / 1e6,
-                    "tflops": b.flops / forward_us / 1e6,
-                }
-                r["kv_read_ratio"] = r["kv_tbps"] / read_tbps
+                r = _timings(b, backend, read_tbps)
             except Exception as exc:  # one backend failing a shape is reported, not fatal
                 r = {"error": f"{type(exc).__name__}: {exc}"[:400]}
             if b.decode and "error" not in r:
