@@ -245,8 +245,9 @@ def run(page_sizes: list[int], seed: int = 0, only: str | None = None) -> dict:
             summary[kind]["geomean_speedup_graph_step"] = _geomean(
                 [r["speedup_graph_step"] for r in sel if "speedup_graph_step" in r]
             )
+    git = _git_sha(os.path.dirname(os.path.abspath(__file__)))  # (.ci/gpu runs it from outside the checkout)
     return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": _triton_version(),
-            "sglang": _sglang_version(), "git": _git_sha(), "ceilings": ceilings, "heads": [NUM_Q_HEADS, NUM_KV_HEADS],
+            "sglang": _sglang_version(), "git": git, "ceilings": ceilings, "heads": [NUM_Q_HEADS, NUM_KV_HEADS],
             "head_dim": HEAD_DIM, "dtype": str(DTYPE), "records": records, "summary": summary}  # fmt: skip
 
 

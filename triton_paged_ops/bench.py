@@ -347,11 +347,12 @@ def finish(result: dict, text: str, out: str | None, prog: str, argv: list[str] 
             json.dump(result, f, indent=1)
 
 
-def _git_sha() -> str:
+def _git_sha(cwd: str | None = None) -> str:
+    """The checkout's commit (of the working directory, or ``cwd``)."""
     try:
         # "-dirty" when the working tree differs from the commit: the numbers then belong to uncommitted code.
         cmd = ["git", "describe", "--always", "--dirty", "--abbrev=40"]
-        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=cwd).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
