@@ -697,10 +697,26 @@ def test_layer_benchmark_batches_are_served_alike(case, page_size):
     from benchmarks import sglang_layer as bench
 
     b = bench.Batch(case, page_size, seed=0, device=DEVICE, dtype=DTYPE)
+    tolerance = 1e-4 if DTYPE is torch.float32 else 1e-2  # (fp32 on the CPU, fp16 on GPUs)
     with torch.no_grad():
         outs = {name: bench.first_call(b, name)[1] for name in bench.BACKENDS}
-        assert bench.rel_diff(outs) < (1e-4 if DTYPE == torch.float32 else 1e-2)
+        assert bench.rel_diff(outs) < tolerance
         if b.decode:
             for name in bench.BACKENDS:
                 step = bench.graph_step(b, b.backend(name))
                 torch.testing.assert_close(step().float(), outs[name], rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_pool_storage_bytes_are_read_as_fp8(monkeypatch):
+    """SGLang stores fp8 pools as uint8: a pool handing out that storage (not the fp8 view) is read as its fp8
+    dtype, with the same result as the fp8 view."""
+    case = FP8_CASES[0]
+    with torch.no_grad():
+        fixture = _with_fp8_pool(kit.build_dense_attention_fixture(_Case(), case, device=DEVICE, dtype=DTYPE), None)
+        pool = fixture.runner.token_to_kv_pool
+        assert pool.k_buffer[0].dtype == torch.uint8
+        as_fp8 = kit.run_dense_fixture_eager(fixture)
+        monkeypatch.setattr(pool, "get_key_buffer", lambda layer_id: pool.k_buffer[layer_id])
+        monkeypatch.setattr(pool, "get_value_buffer", lambda layer_id: pool.v_buffer[layer_id])
+        as_bytes = kit.run_dense_fixture_eager(fixture)
+    assert torch.equal(as_bytes, as_fp8)
