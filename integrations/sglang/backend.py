@@ -158,6 +158,7 @@ class TpaAttnBackend(AttentionBackend):
         # here, not on first use, which may fall inside a CUDA-graph capture.
         self._kv_scales: dict[int, tuple] = {}
         self._unit_scale = torch.ones(1, dtype=torch.float32, device=self.device)
+        self._arange = torch.arange(257, dtype=torch.int32, device=self.device)  # see _decode_offsets
         self._graph_metadata: dict[tuple[int, int], TpaMetadata] = {}  # by (batch size, drafts per request)
         if torch.device(self.device).type == "cuda" and os.environ.get("TPA_WARMUP", "1") != "0":
             try:
@@ -238,7 +239,7 @@ class TpaAttnBackend(AttentionBackend):
         decode_tail = -1
         seq_lens = (forward_batch.seq_lens + added if added else forward_batch.seq_lens).to(torch.int32)
         if forward_batch.forward_mode.is_decode_or_idle():
-            cu = torch.arange(bs + 1, dtype=torch.int32, device=self.device)
+            cu = self._decode_offsets(bs)
             max_q = 1
         elif added:
             cu = torch.arange(0, bs * added + 1, added, dtype=torch.int32, device=self.device)
@@ -266,6 +267,12 @@ class TpaAttnBackend(AttentionBackend):
         self.forward_metadata = TpaMetadata(
             table, rows, cu, seq_lens, max_q, max_k, added_keys=added, decode_tail=decode_tail
         )  # fmt: skip
+
+    def _decode_offsets(self, bs: int) -> torch.Tensor:
+        """``[0, 1, ..., bs]`` (one query row per request), a view of a kept tensor: no kernel per decode step."""
+        if self._arange.shape[0] <= bs:
+            self._arange = torch.arange(max(2 * bs, 256) + 1, dtype=torch.int32, device=self.device)
+        return self._arange[: bs + 1]
 
     def _page_columns(self, max_k: int) -> torch.Tensor:
         """``req_to_token``'s first slot of each page, for contexts of up to ``max_k`` keys (a strided view)."""
