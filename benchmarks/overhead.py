@@ -48,9 +48,7 @@ def measure(num_seqs: int, context: int, calls: int = 200) -> dict:
         "dispatcher_floor": dispatcher_floor_us(inp.args, out, calls),
         **call_layer_times_us(inp.args, out, calls),
         **decode_loop_times_us(inp.args, out, calls),
-        "first_call_checks": host_time_us(
-            lambda: checks.check_attention_args(AttentionArgs(*inp.args)), calls
-        ),
+        "first_call_checks": host_time_us(lambda: checks.check_attention_args(AttentionArgs(*inp.args)), calls),
         "first_call_planning_without_kernels": host_time_us(
             lambda: prepare_attention_launch(
                 q, k, v, bt, sl.shape[0], max_q, max_k, scale, True, -1, 0.0, absent, out, None, False

@@ -1,9 +1,15 @@
-"""Render a results JSON as the markdown table used in README.md: ``python -m benchmarks.table FILE``."""
+"""Render a results JSON as the markdown table used in README.md: ``python -m benchmarks.table FILE``. The dense
+SDPA columns are the fastest of PyTorch's SDPA backends on the case (named where the results record it)."""
 
 from __future__ import annotations
 
 import json
 import sys
+
+
+def _us(sdpa: dict) -> str:
+    """The dense ceiling's time, with the SDPA backend that gave it (the fastest of those run) where recorded."""
+    return f"{sdpa['us']:.1f}" + (f" ({sdpa['backend']})" if "backend" in sdpa else "")
 
 
 def render(result: dict) -> str:
@@ -20,11 +26,11 @@ def render(result: dict) -> str:
         # Compute-bound: TFLOP/s (causal visible pairs) and the ratio to the same-run dense SDPA.
         header = "| case | tpa µs | tpa TFLOP/s | dense SDPA µs | SDPA TFLOP/s | tpa / SDPA |"
         ours = lambda t: f"{t['us']:.1f} | {t['tflops']:.1f}"  # noqa: E731
-        theirs = lambda t, s: f"{s['us']:.1f} | {s['tflops']:.1f} | {t['tflops'] / s['tflops']:.2f}"  # noqa: E731
+        theirs = lambda t, s: f"{_us(s)} | {s['tflops']:.1f} | {t['tflops'] / s['tflops']:.2f}"  # noqa: E731
     else:
         header = "| case | tpa µs | tpa KV TB/s | of HBM read | dense SDPA µs | SDPA KV TB/s |"
         ours = lambda t: f"{t['us']:.1f} | {t['kv_tbps']:.2f} | {t['frac_of_hbm_read']:.2f}"  # noqa: E731
-        theirs = lambda t, s: f"{s['us']:.1f} | {s['kv_tbps']:.2f}"  # noqa: E731
+        theirs = lambda t, s: f"{_us(s)} | {s['kv_tbps']:.2f}"  # noqa: E731
     lines += [header, "| --- " + "| ---: " * (header.count("|") - 2) + "|"]
     for case, prov in by_case.items():
         t, s = prov["tpa"], prov.get("sdpa_dense")

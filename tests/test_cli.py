@@ -262,3 +262,24 @@ def test_a_crashing_case_fails_its_row_and_the_rest_still_run(monkeypatch, capsy
     out = capsys.readouterr().out
     assert "FAIL RuntimeError: merge broke" in out and "second line" not in out
     assert "reshape_and_cache" in out and "decode" in out and "4 passed, 2 failed" in out
+
+
+def test_dense_ceiling_is_the_fastest_sdpa_backend_that_ran(monkeypatch):
+    """Each SDPA backend that takes the shapes gets a record; "sdpa_dense" repeats the fastest, naming it."""
+    from triton_paged_ops import bench
+
+    monkeypatch.setattr(bench, "sdpa_dense_us", lambda case, seed: {"flash": 30.0, "efficient": 20.0})
+    case = bench.Case("decode", [1024] * 4)
+    recs = bench._sdpa_records(case, 0, {"case": "decode"}, {"read_tbps": 4.0})
+    assert [r["provider"] for r in recs] == ["sdpa_flash", "sdpa_efficient", "sdpa_dense"]
+    assert recs[-1]["us"] == 20.0 and recs[-1]["backend"] == "efficient"
+    monkeypatch.setattr(bench, "sdpa_dense_us", lambda case, seed: {})
+    assert bench._sdpa_records(case, 0, {"case": "decode"}, {"read_tbps": 4.0}) == []
+
+
+@pytest.mark.gpu
+def test_sdpa_backends_are_timed_where_they_take_the_shapes():
+    from triton_paged_ops import bench
+
+    times = bench.sdpa_dense_us(bench.Case("decode", [1024] * 4), 0)
+    assert times and set(times) <= set(bench.SDPA_BACKENDS) and all(t > 0 for t in times.values())
