@@ -18,8 +18,8 @@ import triton_paged_ops as tpa
 from triton_paged_ops import configs, reference, warmup
 from triton_paged_ops.checks import decode_tail_of
 from triton_paged_ops.inputs import PagedBatch, random_paged_batch
-from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.kernels import hopper
+from triton_paged_ops.ops import INTERPRET
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, attention_launch_plan
 
 from . import posing
