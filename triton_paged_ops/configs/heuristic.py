@@ -133,10 +133,14 @@ def select_attention_config(
     # block instead of two, a branch per tile. H200: D64 prompts -4.4%, D128 +3-8%: only the D64 prompts entry
     # takes it.
     cfg.setdefault("diag_loop", "separate")
-    # Prefill on sm_90 through the warp-specialized kernel (``kernels.hopper``; True), or the unified one: only
-    # where a table entry measured it. H200, bf16: 128-key tiles in two stages beat 64-key tiles in three (D128 1x8k
-    # 1059 vs 1156 µs); D256 takes 64-key tiles (128 would not fit).
-    cfg.setdefault("ws_prefill", False)
+    # Prefill on sm_90 through the warp-specialized kernel (``kernels.hopper``; True), or the unified one. H200
+    # (its table), bf16: 128-key tiles in two stages beat 64-key tiles in three (D128 1x8k 1059 vs 1156 µs); D256
+    # takes 64-key tiles (128 would not fit). H100 (this heuristic otherwise): 1.5-1.9x faster than the unified
+    # kernel on every prefill case it serves (1x8k 1653 -> 1031 µs, a 1k chunk on a 3k prefix 730 -> 478, D256
+    # 1009 -> 544, the mixed batch 1038 -> 652). The launch plan still checks the device, dtype and shape.
+    hopper_gpu = (not interpret and device_index is not None and not configs.device_is_amd(device_index)
+                  and configs.device_identity(device_index)[1] == "9.0")  # fmt: skip
+    cfg.setdefault("ws_prefill", hopper_gpu)
     cfg.setdefault("ws_block_n", 128 if head_dim_pad <= 128 else 64)
     cfg.setdefault("ws_stages", 2)
     if not interpret and max_seqlen_q > 1 and group > 32 and 1 < cfg["BLOCK_M"] // group < 8:
