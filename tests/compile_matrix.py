@@ -129,36 +129,55 @@ def _reduce(name: str, lp: planning.LaunchPlan, dtype: torch.dtype, head_dim: in
     return {"kernel": "reduce", "name": name, "shared": int(compiled.metadata.shared)}
 
 
-def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
-    """The warp-specialized prefill kernel, compiled for each (shape, tiles) the posed sm_90 GPU launches it with."""
-    if hopper.gluon is None:
-        return []
+def compile_gluon(constexprs: dict):
+    """The warp-specialized prefill kernel compiled for sm_90 with ``constexprs`` (bf16 queries and caches)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel = hopper._ws_prefill_kernel
     params = kernel.arg_names
+    rows, head_dim = constexprs["COPY"], constexprs["HEAD_DIM"]
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
+    desc = f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
+    typed = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "qk_scale": "fp32"}
+    sig = {p: "constexpr" if p in constexprs else typed.get(p) or ("*i32" if p.endswith("_ptr") else "i32")
+           for p in params}  # fmt: skip
+    src = GluonASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    return compile_sm90.compile_source(src, {"num_warps": 4, "enable_fp_fusion": True})
+
+
+def gluon_schedules() -> list[dict]:
+    """Each consumer schedule of the warp-specialized kernel (``ws_overlap``) at D128, 128-key tiles, pages of 16:
+    shared memory, spill bytes and the ``wgmma.wait_group`` depths its PTX waits at."""
+    rows = []
+    for overlap in (False, True):
+        compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2,
+                                      IS_CAUSAL=True, HAS_BT_ROWS=False, OVERLAP=overlap))  # fmt: skip
+        waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
+        rows.append({"overlap": overlap, "shared": int(compiled.metadata.shared), "spills": _spills(compiled),
+                     "waits": waits})  # fmt: skip
+    return rows
+
+
+def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
+    """The warp-specialized prefill kernel, compiled for each (shape, tiles) the posed sm_90 GPU launches it with."""
+    if hopper.gluon is None:
+        return []
     done, results = set(), []
     for name, lp in lps:
         if lp.ws is None:
             continue
         model = MODELS[name.split()[0]]
-        block_n, stages = lp.ws
+        block_n, stages, overlap = lp.ws
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
         constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
                           BLOCK_N=block_n, COPY=hopper.copy_rows(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
-                          HAS_BT_ROWS=False)  # fmt: skip
+                          HAS_BT_ROWS=False, OVERLAP=overlap)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:
             continue
         done.add(key)
-        layout = gl.NVMMASharedLayout.get_default_for([constexprs["COPY"], head_dim], gl.bfloat16)
-        desc = f"tensordesc<bf16[{constexprs['COPY']}, {head_dim}],{layout!r}>"
-        typed = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "qk_scale": "fp32"}
-        sig = {p: "constexpr" if p in constexprs else typed.get(p) or ("*i32" if p.endswith("_ptr") else "i32")
-               for p in params}  # fmt: skip
-        src = GluonASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
-        compiled = compile_sm90.compile_source(src, {"num_warps": 4, "enable_fp_fusion": True})
+        compiled = compile_gluon(constexprs)
         results.append({"kernel": "gluon prefill", "name": name, "config": str(constexprs),
                         "shared": int(compiled.metadata.shared), "spills": _spills(compiled)})  # fmt: skip
     return results
@@ -228,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     parser.add_argument("--table", metavar="JSON", help="print the markdown table of a results file and exit")
+    parser.add_argument("--gluon-schedules", action="store_true",
+                        help="compile the warp-specialized kernel's consumer schedules (D128) and exit")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.gluon_schedules:
+        sys.stdout.write(json.dumps(gluon_schedules()))
+        return 0
     if args.table:
         with open(args.table) as f:
             print(markdown(json.load(f)))

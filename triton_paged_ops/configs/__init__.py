@@ -76,8 +76,9 @@ CHOICES = {
 # sequence length run unguarded); taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids one
 # tile ahead; sm_90 prefill launches that fit it run the warp-specialized Gluon kernel (``kernels.hopper``; its KV
 # tile width and pipeline stages: ``ws_block_n``, ``ws_stages``; the entry's other keys still configure the unified
-# kernel for the launches that fall back to it).
-FLAG_KEYS = ("clamp_pages", "ids_ahead", "ws_prefill")
+# kernel for the launches that fall back to it); that kernel's consumers issue a tile's QK^T and the previous tile's
+# PV together and run the softmax beside the PV (``ws_overlap``) or run each product in turn.
+FLAG_KEYS = ("clamp_pages", "ids_ahead", "ws_prefill", "ws_overlap")
 # The KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default:
 # the decode tile's width, at most the launch's own BLOCK_N); the warp-specialized kernel's KV tile width and stages.
 WIDTH_KEYS = ("small_block_n", "ws_block_n", "ws_stages")

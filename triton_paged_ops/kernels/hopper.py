@@ -7,7 +7,9 @@ query tile (``128 // GROUP`` tokens x the ``GROUP`` query heads of one KV head) 
 64 rows each, which run independently (one's softmax beside the other's products), and gives the K/V loads to a
 *producer* warp: it walks the block table and copies each page's rows of a ``BLOCK_N``-key tile into shared memory
 with the tensor memory accelerator (one copy per page, so pages of 16 keys need no gathers), ``STAGES`` tiles
-ahead, handing buffers over through mbarriers. Consumers get up to 232 registers each, the producer 64.
+ahead, handing buffers over through mbarriers. Consumers get up to 232 registers each, the producer 64. A consumer
+runs each tile's two products in turn, or (``OVERLAP``, config ``ws_overlap``) issues a tile's QK^T together with the
+previous tile's PV and computes the softmax while the PV runs (FlashAttention-3's overlap within a warpgroup).
 
 Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
 queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages whose
@@ -165,10 +167,60 @@ if gluon is not None:
                 mbarrier.arrive(v_ready.index(s), count=1)
 
     @gluon.jit
+    def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr):
+        """QK^T of tile ``j``, whose K slot is ready (waited for the product, then the slot released)."""
+        s = j % STAGES
+        k_tile = k_smem.index(s)
+        qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
+        # Every warp of the group is past its reads of the K slot before it is handed back.
+        thread_barrier()
+        mbarrier.arrive(k_empty.index(s), count=1)
+        return qk
+
+    @gluon.jit
+    def _values(p_op, acc, v_smem, v_ready, v_empty, j, STAGES: gl.constexpr):
+        """``acc`` plus P V of tile ``j`` (waited for), its V slot released."""
+        s = j % STAGES
+        mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
+        v_tile = v_smem.index(s)
+        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+        acc, _ = warpgroup_mma_wait(0, deps=[acc, v_tile])
+        thread_barrier()
+        mbarrier.arrive(v_empty.index(s), count=1)
+        return acc
+
+    @gluon.jit
+    def _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr):
+        """Online softmax in base 2 over tile ``j``'s scores: (probabilities relative to the new running max, the
+        factor that moves earlier sums to it, new max, new row sums). Tiles from ``n_full`` on are masked."""
+        qk = qk * qk_scale
+        if j >= n_full:
+            keys = j * BLOCK_N + s_cols
+            qk = gl.where(keys[None, :] < s_limit[:, None], qk, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        # Rows that have seen no key yet keep a finite reference (exp2(-inf - -inf) would be NaN).
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_ref)
+        p = gl.exp2(qk - m_ref[:, None])
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+    @gluon.jit
+    def _release(k_ready, v_ready, k_empty, v_empty, first, end, STAGES: gl.constexpr):
+        """Tiles ``[first, end)`` released unread (past every row of this warpgroup; the other one needs them)."""
+        for j in range(first, end):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            mbarrier.wait(k_ready.index(s), phase)
+            mbarrier.arrive(k_empty.index(s), count=1)
+            mbarrier.wait(v_ready.index(s), phase)
+            mbarrier.arrive(v_empty.index(s), count=1)
+
+    @gluon.jit
     def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   q_start, q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
                   stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
         """One warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the program's query tile, online softmax in base 2
         over the producer's tiles, output normalized and stored. A warpgroup without rows only releases the
         tiles."""
@@ -183,13 +235,7 @@ if gluon is not None:
         # Token (within the sequence) of the warpgroup's first row; rows of tokens >= q_len are padding.
         first_tok = row0 // GROUP
         if first_tok >= q_len:
-            for j in range(n_tiles):
-                s = j % STAGES
-                phase = (j // STAGES) & 1
-                mbarrier.wait(k_ready.index(s), phase)
-                mbarrier.arrive(k_empty.index(s), count=1)
-                mbarrier.wait(v_ready.index(s), phase)
-                mbarrier.arrive(v_empty.index(s), count=1)
+            _release(k_ready, v_ready, k_empty, v_empty, 0, n_tiles, STAGES)
         else:
             rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, io_layout))
             cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
@@ -221,41 +267,55 @@ if gluon is not None:
             l_i = gl.full([ROWS], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
             zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-            for j in range(n_tiles):
-                s = j % STAGES
-                phase = (j // STAGES) & 1
-                mbarrier.wait(k_ready.index(s), phase)
-                k_tile = k_smem.index(s)
-                if j < my_tiles:
+            if OVERLAP:
+                # Tile j's QK^T and tile j-1's PV are both issued before tile j's softmax, which then runs beside
+                # the PV product (wgmma groups complete in issue order: waiting for all but one leaves PV running).
+                # The first tile has no PV to run beside.
+                p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
+                if my_tiles > 0:
+                    mbarrier.wait(k_ready.index(0), 0)
+                    qk = _scores(q_tile, k_smem, k_empty, zero_s, 0, STAGES)
+                    p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                for j in range(1, my_tiles):
+                    s = j % STAGES
+                    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+                    k_tile = k_smem.index(s)
                     qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-                    qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
-                    # Every warp of the group is past its reads of the K slot before it is handed back.
+                    sp = (j - 1) % STAGES
+                    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+                    v_tile = v_smem.index(sp)
+                    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                    qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
                     thread_barrier()
                     mbarrier.arrive(k_empty.index(s), count=1)
-                    qk = qk * qk_scale
-                    if j >= n_full:
-                        keys = j * BLOCK_N + s_cols
-                        qk = gl.where(keys[None, :] < s_limit[:, None], qk, float("-inf"))
-                    m_new = gl.maximum(m_i, gl.max(qk, 1))
-                    # Rows that have seen no key yet keep a finite reference (exp2(-inf - -inf) would be NaN).
-                    m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
-                    alpha = gl.exp2(m_i - m_ref)
-                    p = gl.exp2(qk - m_ref[:, None])
-                    l_i = l_i * alpha + gl.sum(p, 1)
-                    m_i = m_new
+                    p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
+                    acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
+                    thread_barrier()
+                    mbarrier.arrive(v_empty.index(sp), count=1)
+                    # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
                     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
-                    mbarrier.wait(v_ready.index(s), phase)
-                    v_tile = v_smem.index(s)
-                    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-                    acc, _ = warpgroup_mma_wait(0, deps=[acc, v_tile])
-                    thread_barrier()
-                    mbarrier.arrive(v_empty.index(s), count=1)
-                else:
-                    # A tile past every row's keys (the program's other warpgroup needs it): released unread.
-                    mbarrier.arrive(k_empty.index(s), count=1)
-                    mbarrier.wait(v_ready.index(s), phase)
-                    mbarrier.arrive(v_empty.index(s), count=1)
+                if my_tiles > 0:
+                    acc = _values(p_op, acc, v_smem, v_ready, v_empty, my_tiles - 1, STAGES)
+                _release(k_ready, v_ready, k_empty, v_empty, my_tiles, n_tiles, STAGES)
+            else:
+                for j in range(n_tiles):
+                    s = j % STAGES
+                    phase = (j // STAGES) & 1
+                    mbarrier.wait(k_ready.index(s), phase)
+                    if j < my_tiles:
+                        qk = _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES)
+                        p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale,
+                                                           BLOCK_N)  # fmt: skip
+                        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                        acc = _values(gl.convert_layout(p.to(dtype), p_layout), acc, v_smem, v_ready, v_empty, j,
+                                      STAGES)  # fmt: skip
+                    else:
+                        # A tile past every row's keys (the program's other warpgroup needs it): released unread.
+                        mbarrier.arrive(k_empty.index(s), count=1)
+                        mbarrier.wait(v_ready.index(s), phase)
+                        mbarrier.arrive(v_empty.index(s), count=1)
 
             inv = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)  # a row with no visible key writes zeros
             acc = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
@@ -271,7 +331,7 @@ if gluon is not None:
                            stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
                            GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                            BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                           HAS_BT_ROWS: gl.constexpr):  # fmt: skip
+                           HAS_BT_ROWS: gl.constexpr, OVERLAP: gl.constexpr):  # fmt: skip
         BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
         # Program -> (query block, KV head) as in the unified kernel's prefill launches: KV heads fastest in
         # dispatch order, a sequence's blocks last one first.
@@ -312,10 +372,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (0, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start,
                          q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP)),
             (_consumer, (1, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start,
                          q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, OVERLAP)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
                          kv_head * HEAD_DIM, n_tiles, PAGE_SIZE, BLOCK_N, COPY, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
@@ -362,6 +422,7 @@ def prepare(
     causal: bool,
     block_n: int,
     stages: int,
+    overlap: bool,
 ) -> WsLaunch:
     """The launch of validated arguments that fit (``shape_ok``, ``layout_ok``), from their metadata. The grid
     depends on shapes only (CUDA-graph safe): ``T // (128 // GROUP) + B`` query blocks x KV heads."""
@@ -373,7 +434,7 @@ def prepare(
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0],
                q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows,
-                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows,
+                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, OVERLAP=overlap,
                       num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (num_tokens // (TILE_ROWS // group) + num_seqs, num_kv_heads)
