@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 
 from tests import compile_sm90, posing
 from tests.test_variants import MODELS
-from triton_paged_ops import checks, warmup
+from triton_paged_ops import checks, configs, warmup
 from triton_paged_ops import plan as planning
 from triton_paged_ops.kernels import attention, hopper, merge
 
@@ -147,15 +147,16 @@ def compile_gluon(constexprs: dict):
 
 
 def gluon_schedules() -> list[dict]:
-    """Each consumer schedule of the warp-specialized kernel (``ws_overlap``) at D128, 128-key tiles, pages of 16:
-    shared memory, spill bytes and the ``wgmma.wait_group`` depths its PTX waits at."""
+    """Each consumer schedule of the warp-specialized kernel (``ws_schedule``) at D128, 128-key tiles, pages of
+    16: shared memory, spill bytes, the ``wgmma.wait_group`` depths its PTX waits at and its mbarrier waits."""
     rows = []
-    for overlap in (False, True):
+    for schedule in configs.CHOICES["ws_schedule"]:
         compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2,
-                                      IS_CAUSAL=True, HAS_BT_ROWS=False, OVERLAP=overlap))  # fmt: skip
-        waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
-        rows.append({"overlap": overlap, "shared": int(compiled.metadata.shared), "spills": _spills(compiled),
-                     "waits": waits})  # fmt: skip
+                                      IS_CAUSAL=True, HAS_BT_ROWS=False, WS_SCHEDULE=schedule))  # fmt: skip
+        ptx = compiled.asm["ptx"]
+        waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)))
+        rows.append({"schedule": schedule, "shared": int(compiled.metadata.shared), "spills": _spills(compiled),
+                     "waits": waits, "mbarrier_waits": ptx.count("mbarrier.try_wait")})  # fmt: skip
     return rows
 
 
@@ -168,11 +169,11 @@ def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
         if lp.ws is None:
             continue
         model = MODELS[name.split()[0]]
-        block_n, stages, overlap = lp.ws
+        block_n, stages, schedule = lp.ws
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
         constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
                           BLOCK_N=block_n, COPY=hopper.copy_rows(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
-                          HAS_BT_ROWS=False, OVERLAP=overlap)  # fmt: skip
+                          HAS_BT_ROWS=False, WS_SCHEDULE=schedule)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:
             continue

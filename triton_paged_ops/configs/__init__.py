@@ -70,15 +70,18 @@ CHOICES = {
     # Causal taller tiles' diagonal tiles (those the causal mask cuts): in a masked loop of their own after the
     # unmasked one, or merged into the unmasked loop with a run-time mask.
     "diag_loop": ("separate", "merged"),
+    # The warp-specialized prefill kernel's consumer warpgroups: each tile's two products in turn; a tile's QK^T
+    # issued with the previous tile's PV, the softmax running beside the PV; that, with the two warpgroups taking
+    # turns to issue (one's products beside the other's softmax).
+    "ws_schedule": ("serial", "overlap", "pingpong"),
 }
 # Yes/no keys: a key whose page id lies outside the cache (a corrupt block table; debug mode reports it) is read
 # from page 0 instead of dropped (the key mask then depends on the key index alone, and whole tiles below the
 # sequence length run unguarded); taller tiles' unmasked gathers over pages of 16+ keys load a tile's page ids one
 # tile ahead; sm_90 prefill launches that fit it run the warp-specialized Gluon kernel (``kernels.hopper``; its KV
 # tile width and pipeline stages: ``ws_block_n``, ``ws_stages``; the entry's other keys still configure the unified
-# kernel for the launches that fall back to it); that kernel's consumers issue a tile's QK^T and the previous tile's
-# PV together and run the softmax beside the PV (``ws_overlap``) or run each product in turn.
-FLAG_KEYS = ("clamp_pages", "ids_ahead", "ws_prefill", "ws_overlap")
+# kernel for the launches that fall back to it).
+FLAG_KEYS = ("clamp_pages", "ids_ahead", "ws_prefill")
 # The KV tile width of one-token rows in a launch of taller tiles (a mixed batch) that splits no sequence (default:
 # the decode tile's width, at most the launch's own BLOCK_N); the warp-specialized kernel's KV tile width and stages.
 WIDTH_KEYS = ("small_block_n", "ws_block_n", "ws_stages")
