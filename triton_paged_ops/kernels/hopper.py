@@ -168,11 +168,15 @@ if gluon is not None:
                 mbarrier.arrive(v_ready.index(s), count=1)
 
     @gluon.jit
-    def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr):
-        """QK^T of tile ``j``, whose K slot is ready (waited for the product, then the slot released)."""
+    def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr, turn, WG: gl.constexpr, turns,
+                PINGPONG: gl.constexpr):  # fmt: skip
+        """QK^T of tile ``j``, whose K slot is ready (waited for the product, then the slot released); issued on the
+        warpgroup's ``j``-th turn (``_wait_turn``)."""
         s = j % STAGES
         k_tile = k_smem.index(s)
+        _wait_turn(turn, WG, j, turns, PINGPONG)
         qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+        _pass_turn(turn, WG, j, turns, PINGPONG)
         qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
         # Every warp of the group is past its reads of the K slot before it is handed back.
         thread_barrier()
@@ -322,13 +326,7 @@ if gluon is not None:
                 p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
                 if my_tiles > 0:
                     mbarrier.wait(k_ready.index(0), 0)
-                    _wait_turn(turn, WG, 0, turns, PINGPONG)
-                    k_tile = k_smem.index(0)
-                    qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-                    _pass_turn(turn, WG, 0, turns, PINGPONG)
-                    qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
-                    thread_barrier()
-                    mbarrier.arrive(k_empty.index(0), count=1)
+                    qk = _scores(q_tile, k_smem, k_empty, zero_s, 0, STAGES, turn, WG, turns, PINGPONG)
                     p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
                 for j in range(1, my_tiles):
@@ -353,6 +351,7 @@ if gluon is not None:
                     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
                 if my_tiles > 0:
+                    # (Not ``_values``: p_op stays among the wait's dependencies, as in the loop.)
                     last = my_tiles - 1
                     mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
                     _wait_turn(turn, WG, my_tiles, turns, PINGPONG)
@@ -369,7 +368,7 @@ if gluon is not None:
                     phase = (j // STAGES) & 1
                     mbarrier.wait(k_ready.index(s), phase)
                     if j < my_tiles:
-                        qk = _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES)
+                        qk = _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES, turn, WG, 0, False)
                         p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale,
                                                            BLOCK_N)  # fmt: skip
                         acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
