@@ -146,17 +146,17 @@ def compile_gluon(constexprs: dict):
     return compile_sm90.compile_source(src, {"num_warps": 4, "enable_fp_fusion": True})
 
 
-def gluon_schedules() -> list[dict]:
-    """Each consumer schedule of the warp-specialized kernel (``ws_schedule``) at D128, 128-key tiles, pages of
-    16: shared memory, spill bytes, the ``wgmma.wait_group`` depths its PTX waits at and its mbarrier waits."""
+def gluon_forms() -> list[dict]:
+    """The warp-specialized kernel at each head dim it takes (the heuristic's KV tile width; pages of 16, 32 at
+    D256): shared memory, spill bytes, the ``wgmma.wait_group`` depths its PTX waits at."""
     rows = []
-    for schedule in configs.CHOICES["ws_schedule"]:
-        compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2,
-                                      IS_CAUSAL=True, HAS_BT_ROWS=False, WS_SCHEDULE=schedule))  # fmt: skip
-        ptx = compiled.asm["ptx"]
-        waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", ptx)))
-        rows.append({"schedule": schedule, "shared": int(compiled.metadata.shared), "spills": _spills(compiled),
-                     "waits": waits, "mbarrier_waits": ptx.count("mbarrier.try_wait")})  # fmt: skip
+    for head_dim, block_n, page_size in ((64, 128, 16), (128, 128, 16), (256, 64, 32)):
+        compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
+                                      COPY=hopper.copy_rows(page_size, block_n), STAGES=2, IS_CAUSAL=True,
+                                      HAS_BT_ROWS=False))  # fmt: skip
+        waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
+        rows.append({"head_dim": head_dim, "block_n": block_n, "shared": int(compiled.metadata.shared),
+                     "spills": _spills(compiled), "waits": waits})  # fmt: skip
     return rows
 
 
@@ -169,11 +169,11 @@ def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
         if lp.ws is None:
             continue
         model = MODELS[name.split()[0]]
-        block_n, stages, schedule = lp.ws
+        block_n, stages = lp.ws
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
         constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
                           BLOCK_N=block_n, COPY=hopper.copy_rows(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
-                          HAS_BT_ROWS=False, WS_SCHEDULE=schedule)  # fmt: skip
+                          HAS_BT_ROWS=False)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:
             continue
@@ -248,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--out", help="write the JSON here (default: stdout)")
     parser.add_argument("--table", metavar="JSON", help="print the markdown table of a results file and exit")
-    parser.add_argument("--gluon-schedules", action="store_true",
-                        help="compile the warp-specialized kernel's consumer schedules (D128) and exit")  # fmt: skip
+    parser.add_argument("--gluon-forms", action="store_true",
+                        help="compile the warp-specialized kernel at each head dim it takes and exit")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.gluon_schedules:
-        sys.stdout.write(json.dumps(gluon_schedules()))
+    if args.gluon_forms:
+        sys.stdout.write(json.dumps(gluon_forms()))
         return 0
     if args.table:
         with open(args.table) as f:

@@ -83,9 +83,9 @@ def test_tune_grids_hold_its_forms_where_the_device_runs_it():
             assert [dict(c, ws_prefill=False) for c in plain] == both[: len(plain)]
             assert len(both) == len(plain) + len(ws)
             assert any(c["ws_block_n"] == 128 and c["ws_stages"] == 2 for c in ws)
-            # The full grid tries both consumer schedules.
-            assert {c.get("ws_schedule", "serial") for c in ws} == ({"serial"} if quick else
-                                                                    set(configs.CHOICES["ws_schedule"]))  # fmt: skip
+            # The full grid tries both tile widths and stage counts.
+            assert {(c["ws_block_n"], c["ws_stages"]) for c in ws} == ({(128, 2)} if quick else
+                                                                       {(64, 2), (64, 3), (128, 2), (128, 3)})  # fmt: skip
             assert all(configs.validate_config(c) is None for c in both)
             assert not any("ws_prefill" in c for c in plain)
     assert candidates("decode", False, True, warp_specialized=True) == candidates("decode", False, True)
@@ -93,9 +93,9 @@ def test_tune_grids_hold_its_forms_where_the_device_runs_it():
 
 
 def test_config_keys_are_validated():
-    ok = {"ws_prefill": True, "ws_block_n": 128, "ws_stages": 2, "ws_schedule": "pingpong"}
+    ok = {"ws_prefill": True, "ws_block_n": 128, "ws_stages": 2}
     assert configs.validate_config(ok) is None
-    assert "ws_schedule" in configs.validate_config({"ws_schedule": "interleaved"})
+    assert "unknown key 'ws_schedule'" in configs.validate_config({"ws_schedule": "overlap"})
     assert "unknown key 'ws_mixed_order'" in configs.validate_config({"ws_mixed_order": 2})
     assert "ws_prefill" in configs.validate_config({"ws_prefill": 2})
     assert "ws_block_n" in configs.validate_config({"ws_block_n": 96})
@@ -109,10 +109,10 @@ def test_plan_takes_it_only_where_it_fits():
     window, cap, ALiBi, sinks, scales, split, batch-invariant mode, decode launches)."""
     dev = torch.cuda.current_device()
     with attention_config_override(ws_prefill=True):
-        assert _plan(dev).ws == (128, 2, "serial")
-        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2, "serial")
-    with attention_config_override(ws_prefill=True, ws_block_n=64, ws_stages=3, ws_schedule="pingpong"):
-        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (64, 3, "pingpong")
+        assert _plan(dev).ws == (128, 2)
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2)
+    with attention_config_override(ws_prefill=True, ws_block_n=64, ws_stages=3):
+        assert _plan(dev, decode_tail=5, num_seqs=6).ws == (64, 3)
     with attention_config_override(ws_prefill=True):
         for bad in (dict(want_lse=True), dict(window_left=100), dict(softcap=30.0), dict(has_alibi=True),
                     dict(has_sinks=True), dict(has_k_scale=True), dict(max_seqlen_q=1), dict(batch_invariant=True),
@@ -135,7 +135,6 @@ def test_matches_reference(data):
     if data is None:  # a fixed case: a mixed batch with pages of 16 and a ragged last page
         q_lens, prefix = [300, 77, 1, 1, 1], [0, 500, 900, 33, 17]
         page_size, head_dim, group, dtype, causal, rows, block_n, seed = 16, 128, 4, torch.bfloat16, True, False, 128, 0
-        schedule = "serial"
     else:
         batch = data.draw(st.integers(1, 6))
         q_lens = data.draw(st.lists(st.integers(1, 700), min_size=batch, max_size=batch))
@@ -150,12 +149,11 @@ def test_matches_reference(data):
         causal = data.draw(st.booleans())
         rows = data.draw(st.booleans())
         block_n = 64 if head_dim == 256 else data.draw(st.sampled_from((64, 128)))
-        schedule = data.draw(st.sampled_from(configs.CHOICES["ws_schedule"]))
         seed = data.draw(st.integers(0, 2**31 - 1))
-    _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, schedule, seed)
+    _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed)
 
 
-def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, schedule, seed):
+def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed):
     """One batch through the warp-specialized kernel (asserted taken) against the reference."""
     kv_lens = [q + p for q, p in zip(q_lens, prefix)]
     num_kv_heads = 2
@@ -167,7 +165,7 @@ def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, 
     poison_unowned_slots(p.k_cache, p.v_cache, p.block_table, p.seq_lens, p.block_table_rows)
     hint = tpa.decode_tail_of(q_lens)
     extra = {"block_table_rows": p.block_table_rows} if rows else {}
-    with attention_config_override(ws_prefill=True, ws_block_n=block_n, ws_stages=2, ws_schedule=schedule):
+    with attention_config_override(ws_prefill=True, ws_block_n=block_n, ws_stages=2):
         lp = _plan(torch.cuda.current_device(), num_q_heads=group * num_kv_heads, num_kv_heads=num_kv_heads,
                    head_dim=head_dim, head_dim_v=head_dim, page_size=page_size, dtype=dtype, cache_dtype=dtype,
                    num_seqs=len(q_lens), max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), causal=causal,
@@ -185,30 +183,27 @@ def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, 
     (128, 128, 4, 16, True, False), (256, 64, 8, 32, False, True), (64, 128, 1, 64, True, True),
     (128, 64, 16, 128, True, False),
 ])  # fmt: skip
-def test_consumer_schedules_match_the_reference(head_dim, block_n, group, page_size, causal, rows):
-    """Every consumer schedule (``ws_schedule``) on fixed ragged batches with decodes, one-tile and many-tile
-    sequences (the overlapped loop's first and last tiles are peeled; under causal masks and with padding rows the
-    two warpgroups have unequal tile counts, which the ping-pong's turns must survive)."""
+def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page_size, causal, rows):
+    """Fixed ragged batches with decodes, one-tile and many-tile sequences (the overlapped loop's first and last
+    tiles are peeled; under causal masks and with padding rows the two warpgroups have unequal tile counts)."""
     q_lens, prefix = [517, 129, 64, 1, 1], [0, 1000, 3, 250, 0]
-    for schedule in configs.CHOICES["ws_schedule"]:
-        _check_against_reference(q_lens, prefix, page_size, head_dim, group, torch.bfloat16, causal, rows, block_n,
-                                 schedule, seed=head_dim + group)  # fmt: skip
+    _check_against_reference(q_lens, prefix, page_size, head_dim, group, torch.bfloat16, causal, rows, block_n,
+                             seed=head_dim + group)  # fmt: skip
 
 
 @pytest.mark.skipif(hopper.gluon is None, reason="the installed Triton has no Gluon Hopper API")
-def test_consumer_schedules_compile_for_sm90():
-    """Offline (no GPU): each consumer schedule compiles for sm_90 at D128 within shared memory and without spills;
-    the overlapped ones leave one product in flight (``wgmma.wait_group 1``: the PV beside the softmax), the
-    serial one never does; the ping-pong adds waits for the warpgroups' turns."""
+def test_each_head_dim_compiles_for_sm90_with_the_overlap():
+    """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256 within the shared memory ``shape_ok`` counts
+    on, leaving one product in flight (``wgmma.wait_group 1``: the PV beside the softmax), spilling nothing at
+    D64 and D128 and at most a few bytes at D256 (its 64-key tiles' accumulators take 128 registers a thread)."""
     from .test_compile import _compiled
 
-    rows = {r["schedule"]: r for r in _compiled("tests.compile_matrix", "--gluon-schedules")}
-    assert list(rows) == list(configs.CHOICES["ws_schedule"])
-    for name, r in rows.items():
-        assert 0 < r["shared"] <= hopper.shared_bytes(128, 128, 2) <= 227 * 1024, r
-        assert r["spills"] == 0, r
-        assert r["waits"] == (["0"] if name == "serial" else ["0", "1"]), r
-    assert rows["pingpong"]["mbarrier_waits"] > rows["overlap"]["mbarrier_waits"]
+    rows = {r["head_dim"]: r for r in _compiled("tests.compile_matrix", "--gluon-forms")}
+    assert sorted(rows) == list(hopper.HEAD_DIMS)
+    for head_dim, r in rows.items():
+        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, r["block_n"], 2) <= 227 * 1024, r
+        assert r["waits"] == ["0", "1"], r
+        assert r["spills"] <= (64 if head_dim == 256 else 0), r
 
 
 def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
@@ -230,7 +225,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     out = torch.zeros(100, 8, 128, dtype=torch.bfloat16)
     cu, seq_lens = torch.tensor([0, 60, 99, 100], dtype=torch.int32), torch.tensor([60, 99, 100], dtype=torch.int32)
     p = hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
-                       block_n=128, stages=2, schedule="pingpong")  # fmt: skip
+                       block_n=128, stages=2)  # fmt: skip
     p.run(q, k_cache, v_cache, block_table, None, cu, seq_lens, out)
     ((grid, args, kw),) = calls
     names = [n for n in params if n not in kw]
@@ -247,4 +242,4 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     strides = ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_bt_b")
     assert [got[n] for n in strides] == [1024, 128, 1024, 128, 10]
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, IS_CAUSAL=True,
-                      HAS_BT_ROWS=False, WS_SCHEDULE="pingpong", num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      HAS_BT_ROWS=False, num_warps=4, enable_fp_fusion=True)  # fmt: skip

@@ -217,7 +217,7 @@ class LaunchPlan:
     kernel_id: int = 0
     # The warp-specialized sm_90 prefill kernel's (KV tile width, stages) where the launch takes it
     # (``kernels.hopper``; None: the unified kernel).
-    ws: tuple[int, int, str] | None = None
+    ws: tuple[int, int] | None = None
 
     def variant(self) -> tuple:
         """What selects a compiled kernel variant (given fixed tensor layouts): constexprs and launch options."""
@@ -388,7 +388,7 @@ def _cached_launch_plan(
         stages=cfg["ws_stages"], dtype=dtype, cache_dtype=cache_dtype,
         shared_limit=configs.max_shared_memory(device_index),
     ):  # fmt: skip
-        ws = (cfg["ws_block_n"], cfg["ws_stages"], cfg["ws_schedule"])
+        ws = (cfg["ws_block_n"], cfg["ws_stages"])
     return LaunchPlan(cfg, split, block_q, one_block, constexprs, cache_dtype, batch_invariant, options, kernel_id,
                       ws)  # fmt: skip
 

@@ -284,12 +284,12 @@ def prepare_attention_launch(
                                None if interpret else q.device.index)  # fmt: skip
     if lp.ws is not None:  # noqa: SIM102 (the second test reads the caches)
         if hopper.layout_ok(k_cache, v_cache, check_address=False):
-            block_n, stages, schedule = lp.ws
+            block_n, stages = lp.ws
             # Its mixed batches run in the batch's order: interleaving the decodes cost 580 -> 592 µs there (each
             # program holds an SM alone).
             prepared.ws = hopper.prepare(q, k_cache, block_table, out, has_rows=present[4], num_seqs=num_seqs,
-                                         scale=float(scale), causal=causal, block_n=block_n, stages=stages,
-                                         schedule=schedule)  # fmt: skip
+                                         scale=float(scale), causal=causal, block_n=block_n,
+                                         stages=stages)  # fmt: skip
     return prepared
 
 

@@ -60,7 +60,7 @@ def candidates(regime: str, interpret: bool, quick: bool, cache_dtype: torch.dty
     if warp_specialized and not interpret and regime in ("prefill", "prompts"):
         space = {"ws_block_n": (128,), "ws_stages": (2,)}
         if not quick:
-            space = {"ws_block_n": (64, 128), "ws_stages": (2, 3), "ws_schedule": configs.CHOICES["ws_schedule"]}
+            space = {"ws_block_n": (64, 128), "ws_stages": (2, 3)}
         cands = [{**c, "ws_prefill": False} for c in cands] + [{"ws_prefill": True, **c} for c in _product(space)]
     return cands
 

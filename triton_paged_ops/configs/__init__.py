@@ -70,10 +70,6 @@ CHOICES = {
     # Causal taller tiles' diagonal tiles (those the causal mask cuts): in a masked loop of their own after the
     # unmasked one, or merged into the unmasked loop with a run-time mask.
     "diag_loop": ("separate", "merged"),
-    # The warp-specialized prefill kernel's consumer warpgroups: each tile's two products in turn; a tile's QK^T
-    # issued with the previous tile's PV, the softmax running beside the PV; that, with the two warpgroups taking
-    # turns to issue (one's products beside the other's softmax).
-    "ws_schedule": ("serial", "overlap", "pingpong"),
 }
 # Yes/no keys: a key whose page id lies outside the cache (a corrupt block table; debug mode reports it) is read
 # from page 0 instead of dropped (the key mask then depends on the key index alone, and whole tiles below the

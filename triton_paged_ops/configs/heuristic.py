@@ -143,9 +143,6 @@ def select_attention_config(
     cfg.setdefault("ws_prefill", hopper_gpu)
     cfg.setdefault("ws_block_n", 128 if head_dim_pad <= 128 else 64)
     cfg.setdefault("ws_stages", 2)
-    # Its consumers' schedule (FlashAttention-3's overlap within a warpgroup, and its ping-pong of two): "serial"
-    # until a device A/B says otherwise (NOTES v51).
-    cfg.setdefault("ws_schedule", "serial")
     if not interpret and max_seqlen_q > 1 and group > 32 and 1 < cfg["BLOCK_M"] // group < 8:
         # Tiles of 2-7 tokens of a group over 32 heads (48/1, 64/1 and 128/1 MQA prefill on the 128- and 256-row
         # tiles) took 256-512 KiB of shared memory on sm_90, more than any GPU has (tests/compile_matrix.py): such

@@ -8,9 +8,8 @@ query tile (``128 // GROUP`` tokens x the ``GROUP`` query heads of one KV head) 
 *producer* warp: it walks the block table and copies each page's rows of a ``BLOCK_N``-key tile into shared memory
 with the tensor memory accelerator (one copy per page, so pages of 16 keys need no gathers), ``STAGES`` tiles
 ahead, handing buffers over through mbarriers. Consumers get up to 232 registers each, the producer 64. A consumer
-runs each tile's two products in turn (config ``ws_schedule`` "serial"), or issues a tile's QK^T together with the
-previous tile's PV and computes the softmax while the PV runs ("overlap": FlashAttention-3's overlap within a
-warpgroup), optionally with the two warpgroups taking turns to issue ("pingpong", FlashAttention-3's ping-pong).
+issues a tile's QK^T together with the previous tile's PV and computes the tile's softmax while that PV runs
+(FlashAttention-3's overlap within a warpgroup).
 
 Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
 queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages whose
@@ -168,32 +167,16 @@ if gluon is not None:
                 mbarrier.arrive(v_ready.index(s), count=1)
 
     @gluon.jit
-    def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr, turn, WG: gl.constexpr, turns,
-                PINGPONG: gl.constexpr):  # fmt: skip
-        """QK^T of tile ``j``, whose K slot is ready (waited for the product, then the slot released); issued on the
-        warpgroup's ``j``-th turn (``_wait_turn``)."""
+    def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr):
+        """QK^T of tile ``j``, whose K slot is ready (waited for the product, then the slot released)."""
         s = j % STAGES
         k_tile = k_smem.index(s)
-        _wait_turn(turn, WG, j, turns, PINGPONG)
         qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-        _pass_turn(turn, WG, j, turns, PINGPONG)
         qk, _, _ = warpgroup_mma_wait(0, deps=[qk, q_tile, k_tile])
         # Every warp of the group is past its reads of the K slot before it is handed back.
         thread_barrier()
         mbarrier.arrive(k_empty.index(s), count=1)
         return qk
-
-    @gluon.jit
-    def _values(p_op, acc, v_smem, v_ready, v_empty, j, STAGES: gl.constexpr):
-        """``acc`` plus P V of tile ``j`` (waited for), its V slot released."""
-        s = j % STAGES
-        mbarrier.wait(v_ready.index(s), (j // STAGES) & 1)
-        v_tile = v_smem.index(s)
-        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-        acc, _ = warpgroup_mma_wait(0, deps=[acc, v_tile])
-        thread_barrier()
-        mbarrier.arrive(v_empty.index(s), count=1)
-        return acc
 
     @gluon.jit
     def _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr):
@@ -237,44 +220,10 @@ if gluon is not None:
         return n_full, my_tiles
 
     @gluon.jit
-    def _shared_turns(q_block, q_len, kv_len, n_tiles, GROUP: gl.constexpr, BLOCK_N: gl.constexpr,
-                      IS_CAUSAL: gl.constexpr):  # fmt: skip
-        """Turns both consumer warpgroups of a program take (``pingpong``): an overlapped warpgroup issues its
-        products ``tiles + 1`` times; the two alternate for as many turns as the one with fewer has (then neither
-        waits for the other: a warpgroup with no rows, or past the causal diagonal, never stalls its partner)."""
-        turns = n_tiles * 0 + (1 << 30)
-        for w in gl.static_range(2):
-            row0 = q_block * BLOCK_M + w * ROWS
-            if row0 // GROUP >= q_len:
-                turns = 0
-            else:
-                _, tiles = _row_tiles(row0, q_len, kv_len, n_tiles, GROUP, BLOCK_N, IS_CAUSAL)
-                turns = gl.minimum(turns, gl.where(tiles > 0, tiles + 1, 0))
-        return turns
-
-    @gluon.jit
-    def _wait_turn(turn, WG: gl.constexpr, k, turns, PINGPONG: gl.constexpr):
-        """Before a warpgroup issues its products for the ``k``-th time: warpgroup 1 after warpgroup 0's k-th
-        issue, warpgroup 0 (first) after warpgroup 1's (k-1)-th; turns past ``turns`` are free."""
-        if PINGPONG:
-            if k < turns:
-                if WG == 1:
-                    mbarrier.wait(turn.index(1), k & 1)
-                elif k > 0:
-                    mbarrier.wait(turn.index(0), (k - 1) & 1)
-
-    @gluon.jit
-    def _pass_turn(turn, WG: gl.constexpr, k, turns, PINGPONG: gl.constexpr):
-        """After a warpgroup issued its products for the ``k``-th time: the other one's turn."""
-        if PINGPONG:
-            if k < turns:
-                mbarrier.arrive(turn.index(1 - WG), count=1)
-
-    @gluon.jit
-    def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn,
+    def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   q_start, q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
                   stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, WS_SCHEDULE: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):  # fmt: skip
         """One warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the program's query tile, online softmax in base 2
         over the producer's tiles, output normalized and stored. A warpgroup without rows only releases the
         tiles."""
@@ -314,71 +263,44 @@ if gluon is not None:
             l_i = gl.full([ROWS], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
             acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
             zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-            if WS_SCHEDULE != "serial":
-                # Tile j's QK^T and tile j-1's PV are both issued before tile j's softmax, which then runs beside
-                # the PV product (wgmma groups complete in issue order: waiting for all but one leaves PV running).
-                # The first tile has no PV to run beside. "pingpong": the two warpgroups take turns issuing, so
-                # one's products run while the other computes its softmax.
-                PINGPONG: gl.constexpr = WS_SCHEDULE == "pingpong"
-                turns = 0
-                if PINGPONG:
-                    turns = _shared_turns(q_block, q_len, kv_len, n_tiles, GROUP, BLOCK_N, IS_CAUSAL)
-                p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
-                if my_tiles > 0:
-                    mbarrier.wait(k_ready.index(0), 0)
-                    qk = _scores(q_tile, k_smem, k_empty, zero_s, 0, STAGES, turn, WG, turns, PINGPONG)
-                    p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
-                for j in range(1, my_tiles):
-                    s = j % STAGES
-                    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-                    sp = (j - 1) % STAGES
-                    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-                    _wait_turn(turn, WG, j, turns, PINGPONG)
-                    k_tile = k_smem.index(s)
-                    qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-                    v_tile = v_smem.index(sp)
-                    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-                    _pass_turn(turn, WG, j, turns, PINGPONG)
-                    qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
-                    thread_barrier()
-                    mbarrier.arrive(k_empty.index(s), count=1)
-                    p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
-                    acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
-                    thread_barrier()
-                    mbarrier.arrive(v_empty.index(sp), count=1)
-                    # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                    p_op = gl.convert_layout(p.to(dtype), p_layout)
-                if my_tiles > 0:
-                    # (Not ``_values``: p_op stays among the wait's dependencies, as in the loop.)
-                    last = my_tiles - 1
-                    mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-                    _wait_turn(turn, WG, my_tiles, turns, PINGPONG)
-                    v_tile = v_smem.index(last % STAGES)
-                    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-                    _pass_turn(turn, WG, my_tiles, turns, PINGPONG)
-                    acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
-                    thread_barrier()
-                    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-                _release(k_ready, v_ready, k_empty, v_empty, my_tiles, n_tiles, STAGES)
-            else:
-                for j in range(n_tiles):
-                    s = j % STAGES
-                    phase = (j // STAGES) & 1
-                    mbarrier.wait(k_ready.index(s), phase)
-                    if j < my_tiles:
-                        qk = _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES, turn, WG, 0, False)
-                        p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale,
-                                                           BLOCK_N)  # fmt: skip
-                        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-                        acc = _values(gl.convert_layout(p.to(dtype), p_layout), acc, v_smem, v_ready, v_empty, j,
-                                      STAGES)  # fmt: skip
-                    else:
-                        # A tile past every row's keys (the program's other warpgroup needs it): released unread.
-                        mbarrier.arrive(k_empty.index(s), count=1)
-                        mbarrier.wait(v_ready.index(s), phase)
-                        mbarrier.arrive(v_empty.index(s), count=1)
+            # Tile j's QK^T and tile j-1's PV are both issued before tile j's softmax, which then runs beside the
+            # PV product (wgmma groups complete in issue order: waiting for all but one leaves PV running). The
+            # first tile has no PV to run beside, the last no QK^T.
+            p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
+            if my_tiles > 0:
+                mbarrier.wait(k_ready.index(0), 0)
+                qk = _scores(q_tile, k_smem, k_empty, zero_s, 0, STAGES)
+                p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            for j in range(1, my_tiles):
+                s = j % STAGES
+                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+                sp = (j - 1) % STAGES
+                mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+                k_tile = k_smem.index(s)
+                qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+                v_tile = v_smem.index(sp)
+                acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
+                thread_barrier()
+                mbarrier.arrive(k_empty.index(s), count=1)
+                p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
+                acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
+                thread_barrier()
+                mbarrier.arrive(v_empty.index(sp), count=1)
+                # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
+            if my_tiles > 0:
+                last = my_tiles - 1
+                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                v_tile = v_smem.index(last % STAGES)
+                acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
+                thread_barrier()
+                mbarrier.arrive(v_empty.index(last % STAGES), count=1)
+            # Tiles past every row of this warpgroup (the other one needs them): released unread.
+            _release(k_ready, v_ready, k_empty, v_empty, my_tiles, n_tiles, STAGES)
 
             inv = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)  # a row with no visible key writes zeros
             acc = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
@@ -394,7 +316,7 @@ if gluon is not None:
                            stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
                            GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                            BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                           HAS_BT_ROWS: gl.constexpr, WS_SCHEDULE: gl.constexpr):  # fmt: skip
+                           HAS_BT_ROWS: gl.constexpr):  # fmt: skip
         BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
         # Program -> (query block, KV head) as in the unified kernel's prefill launches: KV heads fastest in
         # dispatch order, a sequence's blocks last one first.
@@ -429,23 +351,16 @@ if gluon is not None:
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
         mbarrier.init(v_ready.index(STAGES), count=1)
-        if WS_SCHEDULE == "pingpong":
-            # Whose turn it is to issue products: one barrier per consumer warpgroup, arrived by the other.
-            turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-            for i in gl.static_range(2):
-                mbarrier.init(turn.index(i), count=1)
-        else:
-            turn = k_ready  # (not read)
         fence_async_shared()
 
         bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
         gl.warp_specialize([
-            (_consumer, (0, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, q_start,
-                         q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, WS_SCHEDULE)),
-            (_consumer, (1, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, turn, q_start,
-                         q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, WS_SCHEDULE)),
+            (_consumer, (0, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start, q_len,
+                         q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+            (_consumer, (1, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start, q_len,
+                         q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
             (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
                          kv_head * HEAD_DIM, n_tiles, PAGE_SIZE, BLOCK_N, COPY, STAGES)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
@@ -492,7 +407,6 @@ def prepare(
     causal: bool,
     block_n: int,
     stages: int,
-    schedule: str,
 ) -> WsLaunch:
     """The launch of validated arguments that fit (``shape_ok``, ``layout_ok``), from their metadata. The grid
     depends on shapes only (CUDA-graph safe): ``T // (128 // GROUP) + B`` query blocks x KV heads."""
@@ -504,8 +418,8 @@ def prepare(
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0],
                q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows,
-                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, WS_SCHEDULE=schedule,
-                      num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, num_warps=4,
+                      enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (num_tokens // (TILE_ROWS // group) + num_seqs, num_kv_heads)
     return WsLaunch(grid, rows, layout, scalars, constexprs)
