@@ -137,7 +137,8 @@ def select_attention_config(
     # (its table), bf16: 128-key tiles in two stages beat 64-key tiles in three (D128 1x8k 1059 vs 1156 µs); D256
     # takes 64-key tiles (128 would not fit). H100 (this heuristic otherwise): 1.5-1.9x faster than the unified
     # kernel on every prefill case it serves (1x8k 1653 -> 1031 µs, a 1k chunk on a 3k prefix 730 -> 478, D256
-    # 1009 -> 544, the mixed batch 1038 -> 652). The launch plan still checks the device, dtype and shape.
+    # 1009 -> 544, the mixed batch 1038 -> 652; its overlapped consumers took 3-6% more off: NOTES v51). The launch
+    # plan still checks the device, dtype and shape.
     hopper_gpu = (not interpret and device_index is not None and not configs.device_is_amd(device_index)
                   and configs.device_identity(device_index)[1] == "9.0")  # fmt: skip
     cfg.setdefault("ws_prefill", hopper_gpu)
