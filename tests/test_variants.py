@@ -264,7 +264,7 @@ def test_big_groups_on_the_gpu_fast_paths(path, hq, hkv, head_dim, q_lens, ctx_l
     regime = configs.regime_of(max(q_lens), MAX_SPLIT_Q_LEN, len(q_lens) * hkv, num_sms, False, hq // hkv)
     if not invariant:
         if path == "ws_prefill":
-            # (Where this GPU's config takes the kernel: the shipped H200 table does, the heuristic does not.)
+            # (Where this GPU's config takes the kernel: the shipped H200 table and the sm_90 heuristic do.)
             takes = lp.config["ws_prefill"] and torch.cuda.get_device_capability()[0] == 9
             assert (lp.ws is not None) == bool(takes and hopper.available(torch.cuda.current_device()))
         else:
