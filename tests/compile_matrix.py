@@ -28,7 +28,7 @@ from triton.backends.compiler import GPUTarget
 
 from tests import compile_sm90, posing
 from tests.test_variants import MODELS
-from triton_paged_ops import checks, configs, warmup
+from triton_paged_ops import checks, warmup
 from triton_paged_ops import plan as planning
 from triton_paged_ops.kernels import attention, hopper, merge
 

@@ -84,8 +84,8 @@ def test_tune_grids_hold_its_forms_where_the_device_runs_it():
             assert len(both) == len(plain) + len(ws)
             assert any(c["ws_block_n"] == 128 and c["ws_stages"] == 2 for c in ws)
             # The full grid tries both tile widths and stage counts.
-            assert {(c["ws_block_n"], c["ws_stages"]) for c in ws} == ({(128, 2)} if quick else
-                                                                       {(64, 2), (64, 3), (128, 2), (128, 3)})  # fmt: skip
+            full = {(64, 2), (64, 3), (128, 2), (128, 3)}
+            assert {(c["ws_block_n"], c["ws_stages"]) for c in ws} == ({(128, 2)} if quick else full)
             assert all(configs.validate_config(c) is None for c in both)
             assert not any("ws_prefill" in c for c in plain)
     assert candidates("decode", False, True, warp_specialized=True) == candidates("decode", False, True)
