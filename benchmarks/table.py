@@ -31,11 +31,16 @@ def render(result: dict) -> str:
         header = "| case | tpa µs | tpa KV TB/s | of HBM read | dense SDPA µs | SDPA KV TB/s |"
         ours = lambda t: f"{t['us']:.1f} | {t['kv_tbps']:.2f} | {t['frac_of_hbm_read']:.2f}"  # noqa: E731
         theirs = lambda t, s: f"{_us(s)} | {s['kv_tbps']:.2f}"  # noqa: E731
+        if any("read_same_bytes" in prov for prov in by_case.values()):
+            # A one-kernel read of exactly the case's KV bytes: what launch, ramp and tail leave at that size.
+            header += " read of the same bytes µs (TB/s) |"
     lines += [header, "| --- " + "| ---: " * (header.count("|") - 2) + "|"]
     for case, prov in by_case.items():
-        t, s = prov["tpa"], prov.get("sdpa_dense")
+        t, s, r = prov["tpa"], prov.get("sdpa_dense"), prov.get("read_same_bytes")
         # Without an SDPA record: a dash in each of its columns (those after the kernel's own).
         sdpa = theirs(t, s) if s else " | ".join("–" * (header.count("|") - 3 - ours(t).count("|")))
+        if "read of the same bytes" in header and s:
+            sdpa += f" | {r['us']:.1f} ({r['kv_tbps']:.2f})" if r else " | –"
         lines.append(f"| {case} | {ours(t)} | {sdpa} |")
     return "\n".join(lines)
 
