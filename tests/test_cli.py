@@ -69,6 +69,19 @@ def test_markdown_table_per_suite():
         assert row.endswith(" | ".join("–" * dashes) + " |")
 
 
+def test_markdown_table_same_size_read_column():
+    """Decode results holding a read of each case's bytes get its column; a case without one gets a dash there."""
+    from benchmarks.table import render
+
+    result = {**_result(), "git_sha": "0123456789abcdef", "date": "2026-01-01T00:00:00+00:00"}
+    result["records"].append({"case": "B1x32k", "provider": "read_same_bytes", "us": 33.0, "kv_tbps": 4.1,
+                              "tflops": 0.0, "frac_of_hbm_read": 0.95})  # fmt: skip
+    lines = render(result).splitlines()
+    assert "read of the same bytes" in lines[2] and lines[3].count("---:") == 6
+    assert lines[4].endswith("| 33.0 (4.10) |") and lines[5].endswith("| – |")
+    assert all(line.count("|") == lines[2].count("|") for line in lines[3:])
+
+
 def test_bench_arguments(capsys):
     import pytest
 
@@ -275,6 +288,29 @@ def test_dense_ceiling_is_the_fastest_sdpa_backend_that_ran(monkeypatch):
     assert recs[-1]["us"] == 20.0 and recs[-1]["backend"] == "efficient"
     monkeypatch.setattr(bench, "sdpa_dense_us", lambda case, seed: {})
     assert bench._sdpa_records(case, 0, {"case": "decode"}, {"read_tbps": 4.0}) == []
+
+
+def test_kernel_times_needs_a_gpu(capsys):
+    from benchmarks import kernel_times
+
+    if not torch.cuda.is_available():
+        assert kernel_times.main(["--only", "B1x32k"]) == 2 and "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_same_size_read_and_kernel_times():
+    """The read of a case's bytes runs at a plausible rate (not above twice the large read: a bigger figure would
+    mean it missed HBM), and a decode call's kernels take part of its graph time, none of it negative."""
+    from benchmarks.kernel_times import kernel_times_us
+    from triton_paged_ops import bench
+
+    nbytes = 512 << 20
+    tbps = nbytes / bench.same_size_read_us(nbytes) / 1e6
+    assert 0.2 * bench.hbm_ceilings(0.5)["read_tbps"] < tbps < 2 * bench.hbm_ceilings(0.5)["read_tbps"]
+    inp = bench.build_inputs(bench.Case("B4x8k", [8192] * 4), 0)
+    kernels = kernel_times_us(inp.call, 10)
+    assert kernels and all(t > 0 for t in kernels.values())
+    assert sum(kernels.values()) < 3 * bench.time_graph(inp.call)
 
 
 @pytest.mark.gpu
