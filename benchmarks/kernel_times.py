@@ -3,8 +3,9 @@
 
 For each case of a suite (random inputs as in the benchmark), the op runs ``calls`` times under ``torch.profiler``
 and each GPU kernel's mean device time per call is listed, beside the CUDA-graph replay time of the whole call and
-a one-kernel read of the case's KV bytes. The difference between the graph time and the sum of kernel times is what
-no kernel accounts for (gaps between the launches, the graph's own start).
+a one-kernel read of the case's KV bytes. A kernel started as a programmatic dependent launch (the split decode's
+reduce on sm_90) is resident early and waits for its predecessor, so its time includes that wait: such times
+overlap and do not add up to the graph time.
 """
 
 from __future__ import annotations
