@@ -325,7 +325,8 @@ def _cached_launch_plan(
     one_block = max_seqlen_q <= block_q
     # The reduce kernel as a programmatic dependent launch where the device has it (its launch overlaps this one's
     # tail).
-    dependent = split.num_splits > 1 and dependent_launch_supported(None if interpret else device_index)
+    pdl = dependent_launch_supported(None if interpret else device_index)
+    dependent = split.num_splits > 1 and pdl
     # One-token rows in runs of keys per warp: one run per warp.
     chunked = _chunked_rows_ok(cfg, split.num_splits, dtype, cache_dtype, window_left, softcap, has_alibi,
                                has_k_scale or has_v_scale)  # fmt: skip
@@ -353,6 +354,9 @@ def _cached_launch_plan(
                    and (interpret or _third_stage_fits(cfg, head_dim, head_dim_v, cache_dtype.itemsize,
                                                        device_index))),  # fmt: skip
         LAUNCH_DEPENDENTS=dependent,
+        # This kernel itself a dependent launch of the one before it on the stream (its programs resident as that
+        # one drains, waiting for its end before any memory access).
+        WAIT_PRIOR=pdl,
         SKIP_EMPTY_SEGMENTS=0 if split.num_splits == 1 else 2 if batch_invariant else 1,
         # A batch the caller says ends in one-token sequences: their query blocks alternate with the others' (the
         # map reads where they start from the hint; a tail beside other work needs two sequences at least). H200:
@@ -368,6 +372,8 @@ def _cached_launch_plan(
     # FP fusion (a * b + c as one fma) named on every launch: the kernels were measured and their bits pinned with it
     # on, and Triton's default for it changes (off from 3.10).
     options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "enable_fp_fusion": True}
+    if pdl:
+        options["launch_pdl"] = True
     if "maxnreg" in cfg and not interpret and device_index is not None and not configs.device_is_amd(device_index):
         # A register cap lets two 8-warp programs share an SM (128 registers per thread), at the price of spills.
         options["maxnreg"] = cfg["maxnreg"]

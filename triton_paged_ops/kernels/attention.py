@@ -33,7 +33,7 @@ from triton_paged_ops.kernels.attention_tile import (
     _attend_segment_chunks,
 )
 from triton_paged_ops.kernels.launch import Launcher
-from triton_paged_ops.kernels.merge import _fold_out, _fold_result, _fold_step, gdc_launch_dependents
+from triton_paged_ops.kernels.merge import _fold_out, _fold_result, _fold_step, gdc_launch_dependents, gdc_wait
 from triton_paged_ops.kernels.schedule import (
     _find_seq,
     _find_seq_with_tail,
@@ -258,6 +258,7 @@ def _paged_attention_kernel(
     CLAMP_PAGES: tl.constexpr,
     NARROW_OFFSETS: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
     IDS_AHEAD: tl.constexpr,
     SKIP_EMPTY_SEGMENTS: tl.constexpr,
     MIXED_ORDER: tl.constexpr,
@@ -265,6 +266,10 @@ def _paged_attention_kernel(
     DIAG_LOOP: tl.constexpr,
 ):
     tl.static_assert(BLOCK_Q * GROUP <= BLOCK_M, "a query tile must hold at least one token's packed heads")
+    if WAIT_PRIOR:
+        # Launched as a programmatic dependent of whatever kernel precedes it on the stream: the programs become
+        # resident as that kernel drains, and wait here for its end (and its writes) before touching memory.
+        gdc_wait()
     if LAUNCH_DEPENDENTS:
         # The reduce kernel (a dependent launch) may be scheduled once every program here has started; it waits for
         # this kernel's end before reading, so this only moves its launch off the critical path.
