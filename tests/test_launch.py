@@ -409,10 +409,39 @@ def test_reduce_plan_dependent_launch_options():
     assert not merge_kernels.dependent_launch_supported(None)
 
 
+def test_attention_plan_dependent_launch():
+    """On a device with dependent launches every attention launch is one (and waits for its predecessor at its
+    start), split or not; without them, and in the interpreter, none is."""
+    from tests import posing
+
+    kw = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, head_dim_v=128, page_size=16, dtype=torch.bfloat16,
+              cache_dtype=torch.bfloat16, causal=True, window_left=-1, softcap=0.0, has_alibi=False, has_sinks=False,
+              has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=False, batch_invariant=False)  # fmt: skip
+    shapes = ((1, 1, 32768), (64, 1, 4096), (4, 2048, 2048))  # split decode, unsplit decode, prefill
+    # (planned_as restores the planner's functions on leaving, those set inside included.)
+    with posing.planned_as(posing.H100):
+        for supported in (True, False):
+            planning.dependent_launch_supported = lambda index, _s=supported: _s
+            posing._PLAN.cache_clear()
+            splits = []
+            for num_seqs, max_q, max_k in shapes:
+                lp = planning.attention_launch_plan(**kw, num_seqs=num_seqs, max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                                    device_index=0, interpret=False)  # fmt: skip
+                assert lp.constexprs["WAIT_PRIOR"] == supported
+                assert lp.options.get("launch_pdl", False) == supported
+                splits.append(lp.split.num_splits)
+            assert splits[0] > 1 and splits[2] == 1
+    planning._cached_launch_plan.cache_clear()
+    lp = planning.attention_launch_plan(**kw, num_seqs=1, max_seqlen_q=1, max_seqlen_k=32768, device_index=None,
+                                        interpret=True)  # fmt: skip
+    assert not lp.constexprs["WAIT_PRIOR"] and "launch_pdl" not in lp.options
+
+
 @pytest.mark.gpu
 def test_dependent_reduce_launch_gives_the_plain_launchs_bits(monkeypatch):
-    """The reduce as a programmatic dependent launch (sm_90+) must wait for every partial: eager calls and CUDA-graph
-    replays with new lengths and contents give the plain launch's bits, call after call."""
+    """The reduce as a programmatic dependent launch (sm_90+) must wait for every partial, and the attention kernel
+    (a dependent launch as well) for the writes into its inputs just before it: eager calls and CUDA-graph replays
+    with new lengths and contents give the plain launches' bits, call after call."""
     spec = Spec(q_lens=[1] * 6, kv_lens=[9000, 4500, 17, 1, 2100, 800], pad_tokens=1, page_size=16, num_kv_heads=2,
                 group=4, head_dim=128, head_dim_v=128, dtype=torch.bfloat16, causal=True, window_left=-1,
                 softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.1, strided=False,
@@ -445,6 +474,8 @@ def test_dependent_reduce_launch_gives_the_plain_launchs_bits(monkeypatch):
         (plan,) = [v for v in prepared.PREPARED.values() if v is not None]
         assert plan.plan.split.num_splits > 1 and plan.reduce is not None
         assert plan.plan.constexprs["LAUNCH_DEPENDENTS"] == (mode == 2 and supported)
+        # The attention kernel is then a dependent launch too: it must wait for the copies into q just before it.
+        assert plan.plan.constexprs["WAIT_PRIOR"] == (mode == 2 and supported)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
