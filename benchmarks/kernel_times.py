@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from benchmarks.ab import select_cases
 from triton_paged_ops.bench import SUITES, _git_sha, build_inputs, finish, same_size_read_us, time_graph
 
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("kernel_times needs a CUDA GPU", file=sys.stderr)
         return 2
-    cases = [c for c in SUITES[args.suite]() if not args.only or any(s in c.name for s in args.only)]
+    cases = select_cases(SUITES[args.suite](), args.only, None)
     records, lines = [], []
     for i, case in enumerate(cases):
         inp = build_inputs(case, seed=i)

@@ -419,6 +419,7 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
     ceil = hbm_ceilings()
     # The eager call's host time, before and after the suite: the later figure has read higher on a shared host.
     overhead_before = host_overhead_us()
+    l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
     records = []
     for i, case in enumerate(cases):
         inp = build_inputs(case, seed + i, hints=hints)
@@ -441,7 +442,6 @@ def run_suite(cases: list[Case], seed: int = 0, with_sdpa: bool = True, with_inv
             tbps = inp.kv_bytes / us / 1e6
             ours.append({**base, "provider": provider, "us": us, "kv_tbps": tbps, "tflops": inp.flops / us / 1e6,
                          "frac_of_hbm_read": tbps / ceil["read_tbps"], "rel_err": err})  # fmt: skip
-        l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         if with_sdpa and max(case.queries()) == 1 and inp.kv_bytes > 2 * l2_bytes:
             # Decode reads each KV byte once: beside the 2 GiB read, a read of exactly this case's bytes (where
             # they are well beyond the L2 cache, which repeated replays of a smaller read would hit instead).
