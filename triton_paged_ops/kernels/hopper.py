@@ -61,6 +61,10 @@ HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = triton.language.constexpr(232)
 PRODUCER_REGS = triton.language.constexpr(64)
+# The gathering producer: a warpgroup (its copies are issued a thread per 16 bytes) within what the consumers leave of
+# the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
+GATHER_WARPS = triton.language.constexpr(4)
+GATHER_REGS = triton.language.constexpr(40)
 
 
 def available(device_index: int | None) -> bool:
@@ -197,64 +201,49 @@ if gluon is not None:
 
     @gluon.jit
     def _gather_tile(cache_ptr, slot, slot_ids, kv_col, kv_len, j, stride_slot, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr):  # fmt: skip
-        """``cp.async`` copies of tile ``j``'s rows of one KV head (column ``kv_col``) into ``slot``, 16 rows at a
-        time, row r from cache slot ``slot_ids[r]`` (shared memory); rows at or past ``kv_len`` are zero-filled."""
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_DIM, HEAD_DIM // 8], [1, 1], [1, 0])
+                     BLOCK_N: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+        """``cp.async`` copies of tile ``j``'s rows of one KV head (column ``kv_col``) into ``slot`` by ``WARPS``
+        warps, 32 rows at a time, row r from cache slot ``slot_ids[r]`` (shared memory); rows at or past ``kv_len``
+        are zero-filled."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_DIM, HEAD_DIM // 8], [WARPS, 1], [1, 0])
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-        for c in gl.static_range(BLOCK_N // 16):
-            ids = slot_ids.slice(c * 16, 16).load(gl.SliceLayout(1, layout))
-            keys = j * BLOCK_N + c * 16 + gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
+        for c in gl.static_range(BLOCK_N // 32):
+            ids = slot_ids.slice(c * 32, 32).load(gl.SliceLayout(1, layout))
+            keys = j * BLOCK_N + c * 32 + gl.arange(0, 32, layout=gl.SliceLayout(1, layout))
             # (Row starts are 16-byte aligned, ``layout_ok``: the copies move 16 bytes each.)
             rows = cache_ptr + gl.multiple_of(ids.to(gl.int64) * stride_slot + kv_col, 8)
-            async_copy.async_copy_global_to_shared(slot.slice(c * 16, 16), rows[:, None] + cols[None, :],
+            async_copy.async_copy_global_to_shared(slot.slice(c * 32, 32), rows[:, None] + cols[None, :],
                                                    mask=(keys < kv_len)[:, None])  # fmt: skip
-
-    @gluon.jit
-    def _gathered(bar):
-        """Hands over the copies this warp issued before its last group (waited for, then made visible to the
-        consumers' wgmma reads, which go through the async proxy)."""
-        async_copy.wait_group(1)
-        fence_async_shared()
-        thread_barrier()
-        mbarrier.arrive(bar, count=1)
 
     @gluon.jit
     def _gather_producer(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
                          kv_len, kv_col, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE: gl.constexpr,
                          HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-        """One warp, for pages a TMA copy per page cannot serve (``gathers``): per tile, the keys' cache slots from
-        one vector load of the block table into shared memory, then ``cp.async`` copies of their K and V rows. A
-        tile's K is handed over once the copies issued after it (its V) are in flight, and its V once the next
-        tile's K is, so the consumers' releases never wait on a hand-over that waits on them."""
-        ids_layout: gl.constexpr = gl.BlockedLayout([BLOCK_N // 32], [32], [1], [0])
+        """``GATHER_WARPS`` warps, for pages a TMA copy per page cannot serve (``gathers``): per tile, the keys'
+        cache slots from one vector load of the block table (a tile ahead) into shared memory, then ``cp.async``
+        copies of their K and V rows, each thread's copies arriving on the slot's ready barrier as they complete
+        (the producer never waits for its own copies: two tiles' K and V can be in flight)."""
+        WARPS: gl.constexpr = GATHER_WARPS
+        ids_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         n_pages = gl.cdiv(kv_len, PAGE_SIZE)
         keys = gl.arange(0, BLOCK_N, layout=ids_layout)
         page = gl.load(bt_row_ptr + gl.minimum(keys // PAGE_SIZE, n_pages - 1))
         for j in range(n_tiles):
             s = j % STAGES
             phase = (j // STAGES) & 1
-            # Every lane is past its reads of the previous tile's slots before they are overwritten.
+            # Every warp is past its reads of the previous tile's slots before they are overwritten.
             thread_barrier()
             slot_ids.store(page * PAGE_SIZE + keys % PAGE_SIZE)
             thread_barrier()
-            # The next tile's page ids are loaded while this one's copies are issued and waited for.
+            # The next tile's page ids are loaded while this one's copies are issued.
             keys += BLOCK_N
             page = gl.load(bt_row_ptr + gl.minimum(keys // PAGE_SIZE, n_pages - 1))
             mbarrier.wait(k_empty.index(s), phase ^ 1)
-            _gather_tile(k_ptr, k_smem.index(s), slot_ids, kv_col, kv_len, j, stride_k_slot, HEAD_DIM, BLOCK_N)
-            async_copy.commit_group()
-            if j > 0:
-                _gathered(v_ready.index((j - 1) % STAGES))
+            _gather_tile(k_ptr, k_smem.index(s), slot_ids, kv_col, kv_len, j, stride_k_slot, HEAD_DIM, BLOCK_N, WARPS)
+            async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
             mbarrier.wait(v_empty.index(s), phase ^ 1)
-            _gather_tile(v_ptr, v_smem.index(s), slot_ids, kv_col, kv_len, j, stride_v_slot, HEAD_DIM, BLOCK_N)
-            async_copy.commit_group()
-            _gathered(k_ready.index(s))
-        if n_tiles > 0:
-            async_copy.wait_group(0)
-            fence_async_shared()
-            thread_barrier()
-            mbarrier.arrive(v_ready.index((n_tiles - 1) % STAGES), count=1)
+            _gather_tile(v_ptr, v_smem.index(s), slot_ids, kv_col, kv_len, j, stride_v_slot, HEAD_DIM, BLOCK_N, WARPS)
+            async_copy.mbarrier_arrive(v_ready.index(s), increment_count=False)
 
     @gluon.jit
     def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr):
@@ -310,10 +299,18 @@ if gluon is not None:
         return n_full, my_tiles
 
     @gluon.jit
+    def _ready(bar, phase, GATHER: gl.constexpr):
+        """Waits for a ring slot's copies; gathered ones (``cp.async``, written through the generic proxy) are then
+        fenced for the wgmma reads, which go through the async proxy."""
+        mbarrier.wait(bar, phase)
+        if GATHER:
+            fence_async_shared()
+
+    @gluon.jit
     def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   q_start, q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
                   stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         """One warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the program's query tile, online softmax in base 2
         over the producer's tiles, output normalized and stored. A warpgroup without rows only releases the
         tiles."""
@@ -358,15 +355,15 @@ if gluon is not None:
             # first tile has no PV to run beside, the last no QK^T.
             p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
             if my_tiles > 0:
-                mbarrier.wait(k_ready.index(0), 0)
+                _ready(k_ready.index(0), 0, GATHER)
                 qk = _scores(q_tile, k_smem, k_empty, zero_s, 0, STAGES)
                 p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, my_tiles):
                 s = j % STAGES
-                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
+                _ready(k_ready.index(s), (j // STAGES) & 1, GATHER)
                 sp = (j - 1) % STAGES
-                mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+                _ready(v_ready.index(sp), ((j - 1) // STAGES) & 1, GATHER)
                 k_tile = k_smem.index(s)
                 qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
                 v_tile = v_smem.index(sp)
@@ -383,7 +380,7 @@ if gluon is not None:
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             if my_tiles > 0:
                 last = my_tiles - 1
-                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                _ready(v_ready.index(last % STAGES), (last // STAGES) & 1, GATHER)
                 v_tile = v_smem.index(last % STAGES)
                 acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
                 acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
@@ -434,9 +431,12 @@ if gluon is not None:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # A TMA copy completes its barrier's phase with one arrival and the bytes; gathers, with an arrival from
+        # each gathering thread once its copies land.
+        READY: gl.constexpr = 32 * GATHER_WARPS if GATHER else 1
         for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_ready.index(i), count=READY)
+            mbarrier.init(v_ready.index(i), count=READY)
             # Both consumer warpgroups release each slot.
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
@@ -449,14 +449,14 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (0, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start, q_len,
                          q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, GATHER)),
             (_consumer, (1, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start, q_len,
                          q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, GATHER)),
             (_producer, (k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty,
                          bt_row_ptr, kv_len, kv_head * HEAD_DIM, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
                          BLOCK_N, COPY, STAGES, GATHER)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+        ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
 def _descriptor(cache: torch.Tensor, rows: int, layout) -> TensorDescriptor:
