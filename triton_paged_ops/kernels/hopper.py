@@ -203,16 +203,21 @@ if gluon is not None:
     def _gather_tile(cache_ptr, slot, slot_ids, kv_col, kv_len, j, stride_slot, HEAD_DIM: gl.constexpr,
                      BLOCK_N: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
         """``cp.async`` copies of tile ``j``'s rows of one KV head (column ``kv_col``) into ``slot`` by ``WARPS``
-        warps, 32 rows at a time, row r from cache slot ``slot_ids[r]`` (shared memory); rows at or past ``kv_len``
-        are zero-filled."""
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_DIM, HEAD_DIM // 8], [WARPS, 1], [1, 0])
+        warps, ``8 * WARPS`` rows at a time, row r from cache slot ``slot_ids[r]`` (shared memory); rows at or past
+        ``kv_len`` are zero-filled. Four lanes share a row (64 contiguous bytes per copy instruction) and each lane
+        copies ``HEAD_DIM // 32`` 16-byte pieces of it, so a row's address and mask are computed once per lane."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+        ROWS_AT_ONCE: gl.constexpr = 8 * WARPS
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-        for c in gl.static_range(BLOCK_N // 32):
-            ids = slot_ids.slice(c * 32, 32).load(gl.SliceLayout(1, layout))
-            keys = j * BLOCK_N + c * 32 + gl.arange(0, 32, layout=gl.SliceLayout(1, layout))
+        for c in gl.static_range(BLOCK_N // ROWS_AT_ONCE):
+            ids = slot_ids.slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE).load(gl.SliceLayout(1, layout))
+            keys = j * BLOCK_N + c * ROWS_AT_ONCE + gl.arange(0, ROWS_AT_ONCE, layout=gl.SliceLayout(1, layout))
+            # Slot ids and strides are non-negative: an unsigned 32 x 32 -> 64-bit product (one multiply-add).
+            off = ids.to(gl.uint32).to(gl.uint64) * stride_slot.to(gl.uint32).to(gl.uint64)
             # (Row starts are 16-byte aligned, ``layout_ok``: the copies move 16 bytes each.)
-            rows = cache_ptr + gl.multiple_of(ids.to(gl.int64) * stride_slot + kv_col, 8)
-            async_copy.async_copy_global_to_shared(slot.slice(c * 32, 32), rows[:, None] + cols[None, :],
+            rows = cache_ptr + kv_col + gl.multiple_of(off.to(gl.int64, bitcast=True), 8)
+            async_copy.async_copy_global_to_shared(slot.slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
+                                                   rows[:, None] + cols[None, :],
                                                    mask=(keys < kv_len)[:, None])  # fmt: skip
 
     @gluon.jit
@@ -301,7 +306,7 @@ if gluon is not None:
     @gluon.jit
     def _ready(bar, phase, GATHER: gl.constexpr):
         """Waits for a ring slot's copies; gathered ones (``cp.async``, written through the generic proxy) are then
-        fenced for the wgmma reads, which go through the async proxy."""
+        fenced for the wgmma reads, which go through the async proxy (with those of slots waited for before)."""
         mbarrier.wait(bar, phase)
         if GATHER:
             fence_async_shared()
@@ -361,9 +366,9 @@ if gluon is not None:
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, my_tiles):
                 s = j % STAGES
-                _ready(k_ready.index(s), (j // STAGES) & 1, GATHER)
+                mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
                 sp = (j - 1) % STAGES
-                _ready(v_ready.index(sp), ((j - 1) // STAGES) & 1, GATHER)
+                _ready(v_ready.index(sp), ((j - 1) // STAGES) & 1, GATHER)  # (one fence for both slots)
                 k_tile = k_smem.index(s)
                 qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
                 v_tile = v_smem.index(sp)
