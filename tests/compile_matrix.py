@@ -152,7 +152,7 @@ def compile_gluon(constexprs: dict):
 def gluon_forms() -> list[dict]:
     """The warp-specialized kernel at each head dim it takes (the heuristic's KV tile width), with TMA copies of
     pages (16 keys, 32 at D256) and with gathers (pages of 1): shared memory, spill bytes, the ``wgmma.wait_group``
-    depths its PTX waits at, and its ``cp.async`` instructions."""
+    depths its PTX waits at, its ``cp.async`` instructions, their barrier arrivals and waits."""
     rows = []
     forms = [(64, 128, 16), (128, 128, 16), (256, 64, 32), (64, 128, 1), (128, 128, 1), (256, 64, 1)]
     for head_dim, block_n, page_size in forms:
@@ -162,7 +162,9 @@ def gluon_forms() -> list[dict]:
         waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
         rows.append({"head_dim": head_dim, "block_n": block_n, "page_size": page_size,
                      "shared": int(compiled.metadata.shared), "spills": _spills(compiled), "waits": waits,
-                     "cp_async": compiled.asm["ptx"].count("cp.async.cg")})  # fmt: skip
+                     "cp_async": compiled.asm["ptx"].count("cp.async.cg"),
+                     "arrives": compiled.asm["ptx"].count("cp.async.mbarrier.arrive"),
+                     "waits_for_copies": compiled.asm["ptx"].count("cp.async.wait_group")})  # fmt: skip
     return rows
 
 

@@ -196,7 +196,7 @@ def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, 
 def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page_size, causal, rows):
     """Fixed ragged batches with decodes, one-tile and many-tile sequences (the overlapped loop's first and last
     tiles are peeled; under causal masks and with padding rows the two warpgroups have unequal tile counts), pages
-    copied whole and gathered key by key (the gathering producer hands a tile's K over after its V is issued)."""
+    copied whole and gathered key by key (a ring slot handed over by 128 threads' copies landing, tails zero-filled)."""
     q_lens, prefix = [517, 129, 64, 1, 1], [0, 1000, 3, 250, 0]
     _check_against_reference(q_lens, prefix, page_size, head_dim, group, torch.bfloat16, causal, rows, block_n,
                              seed=head_dim + group)  # fmt: skip
@@ -206,9 +206,10 @@ def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page
 def test_each_head_dim_compiles_for_sm90_with_the_overlap():
     """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256, with TMA copies of pages and with gathers
     (pages of 1), within the shared memory ``shape_ok`` counts on, leaving one product in flight
-    (``wgmma.wait_group 1``: the PV beside the softmax); the gathering form copies with 16-byte ``cp.async`` (two
-    tiles' K and V: 2 x BLOCK_N x D x 2 bytes / 16 per thread of one warp), the other with none; no spills at D64
-    and D128, at most a few bytes at D256 (its accumulators take 128 registers a thread)."""
+    (``wgmma.wait_group 1``: the PV beside the softmax); the gathering form copies with 16-byte ``cp.async`` (a
+    tile's K and V: 2 x BLOCK_N x D x 2 bytes / 16 per thread of the gathering warpgroup) whose completion arrives on
+    the K and V barriers (no waits for them), the other with neither; no spills at D64 and D128, at most a few bytes
+    at D256 (its accumulators take 128 registers a thread)."""
     from .test_compile import _compiled
 
     rows = _compiled("tests.compile_matrix", "--gluon-forms")
@@ -219,7 +220,9 @@ def test_each_head_dim_compiles_for_sm90_with_the_overlap():
         assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2) <= 227 * 1024, r
         assert r["waits"] == ["0", "1"], r
         assert r["spills"] <= (64 if head_dim == 256 else 0), r
-        assert r["cp_async"] == (2 * block_n * head_dim * 2 // 16 // (32 * hopper.GATHER_WARPS) if r["page_size"] == 1 else 0), r
+        gathered = r["page_size"] == 1
+        assert r["cp_async"] == (2 * block_n * head_dim * 2 // 16 // (32 * hopper.GATHER_WARPS) if gathered else 0), r
+        assert (r["arrives"], r["waits_for_copies"]) == ((2, 0) if gathered else (0, 0)), r
 
 
 def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):

@@ -7,10 +7,12 @@ query tile (``128 // GROUP`` tokens x the ``GROUP`` query heads of one KV head) 
 64 rows each, which run independently (one's softmax beside the other's products), and gives the K/V loads to a
 *producer* warp: it walks the block table and copies each page's rows of a ``BLOCK_N``-key tile into shared memory
 with the tensor memory accelerator (one copy per page, so pages of 16 keys need no gathers), ``STAGES`` tiles
-ahead, handing buffers over through mbarriers; pages of under 16 keys (and sizes that neither divide the tile nor
-are a multiple of it) it gathers key by key with ``cp.async`` instead. Consumers get up to 232 registers each, the
-producer 64. A consumer issues a tile's QK^T together with the previous tile's PV and computes the tile's softmax
-while that PV runs (FlashAttention-3's overlap within a warpgroup).
+ahead, handing buffers over through mbarriers. Pages of under 16 keys (and sizes that neither divide the tile nor
+are a multiple of it) get a producer warpgroup instead, which gathers key by key with ``cp.async``, each thread's
+copies arriving on the slot's barrier as they land, so that as many tiles are in flight as with the TMA (one warp
+that waited for its own copies kept too few bytes in flight). Consumers get up to 232 registers each, the TMA warp
+64, the gathering warpgroup 40. A consumer issues a tile's QK^T together with the previous tile's PV and computes the
+tile's softmax while that PV runs (FlashAttention-3's overlap within a warpgroup).
 
 Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
 queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages of any
@@ -152,7 +154,7 @@ if gluon is not None:
     def _producer(k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty,
                   bt_row_ptr, kv_len, kv_col, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE: gl.constexpr,
                   BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """The producer warp: key-by-key gathers (``GATHER``) or TMA copies of whole pages."""
+        """The producer: key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
         if GATHER:
             _gather_producer(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
                              kv_len, kv_col, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
