@@ -139,24 +139,32 @@ def compile_gluon(constexprs: dict):
     rows, head_dim = constexprs["COPY"], constexprs["HEAD_DIM"]
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.bfloat16)
     desc = f"tensordesc<bf16[{rows}, {head_dim}],{layout!r}>"
-    typed = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "qk_scale": "fp32"}
+    typed = {"q_ptr": "*bf16", "out_ptr": "*bf16", "k_desc": desc, "v_desc": desc, "k_ptr": "*bf16", "v_ptr": "*bf16",
+             "qk_scale": "fp32"}  # fmt: skip
     sig = {p: "constexpr" if p in constexprs else typed.get(p) or ("*i32" if p.endswith("_ptr") else "i32")
            for p in params}  # fmt: skip
-    src = GluonASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    # (Pointers 16-byte aligned, as launches on real tensors are specialized.)
+    aligned = {(params.index(p),): [["tt.divisibility", 16]] for p, t in sig.items() if t.startswith("*")}
+    src = GluonASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in constexprs.items()}, attrs=aligned)
     return compile_sm90.compile_source(src, {"num_warps": 4, "enable_fp_fusion": True})
 
 
 def gluon_forms() -> list[dict]:
-    """The warp-specialized kernel at each head dim it takes (the heuristic's KV tile width; pages of 16, 32 at
-    D256): shared memory, spill bytes, the ``wgmma.wait_group`` depths its PTX waits at."""
+    """The warp-specialized kernel at each head dim it takes (the heuristic's KV tile width), with TMA copies of
+    pages (16 keys, 32 at D256) and with gathers (pages of 1): shared memory, spill bytes, the ``wgmma.wait_group``
+    depths its PTX waits at, its ``cp.async`` instructions, their barrier arrivals and waits."""
     rows = []
-    for head_dim, block_n, page_size in ((64, 128, 16), (128, 128, 16), (256, 64, 32)):
+    forms = [(64, 128, 16), (128, 128, 16), (256, 64, 32), (64, 128, 1), (128, 128, 1), (256, 64, 1)]
+    for head_dim, block_n, page_size in forms:
         compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
-                                      COPY=hopper.copy_rows(page_size, block_n), STAGES=2, IS_CAUSAL=True,
+                                      **hopper.copy_constexprs(page_size, block_n), STAGES=2, IS_CAUSAL=True,
                                       HAS_BT_ROWS=False))  # fmt: skip
         waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
-        rows.append({"head_dim": head_dim, "block_n": block_n, "shared": int(compiled.metadata.shared),
-                     "spills": _spills(compiled), "waits": waits})  # fmt: skip
+        rows.append({"head_dim": head_dim, "block_n": block_n, "page_size": page_size,
+                     "shared": int(compiled.metadata.shared), "spills": _spills(compiled), "waits": waits,
+                     "cp_async": compiled.asm["ptx"].count("cp.async.cg"),
+                     "arrives": compiled.asm["ptx"].count("cp.async.mbarrier.arrive"),
+                     "waits_for_copies": compiled.asm["ptx"].count("cp.async.wait_group")})  # fmt: skip
     return rows
 
 
@@ -172,7 +180,7 @@ def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
         block_n, stages = lp.ws
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
         constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-                          BLOCK_N=block_n, COPY=hopper.copy_rows(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
+                          BLOCK_N=block_n, **hopper.copy_constexprs(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
                           HAS_BT_ROWS=False)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:

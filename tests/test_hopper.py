@@ -34,21 +34,28 @@ def _plan(device_index, interpret=False, **kw):
 
 def test_shapes_and_layouts_it_takes():
     """``shape_ok``: 16-bit caches of the query's dtype, equal K/V head dims of 64/128/256, groups dividing the
-    128-row tile, copies of at least 16 rows that divide both the page and the KV tile, buffers within the limit;
+    128-row tile, 64- or 128-key tiles, buffers within the limit, any page size; ``gathers``: pages of under 16 keys
+    or that neither divide the tile nor are a multiple of it are gathered key by key, others copied page by page;
     ``layout_ok``: heads adjacent in a slot, slots evenly strided, 16-byte strides and base."""
     ok = dict(group=4, head_dim=128, head_dim_v=128, page_size=16, block_n=128, stages=2, dtype=torch.bfloat16,
               cache_dtype=torch.bfloat16, shared_limit=232448)  # fmt: skip
     assert hopper.shape_ok(**ok)
     for bad in (dict(dtype=torch.float32, cache_dtype=torch.float32), dict(cache_dtype=torch.float8_e4m3fn),
-                dict(head_dim=96, head_dim_v=96), dict(head_dim_v=64), dict(group=3), dict(page_size=1),
-                dict(page_size=8), dict(page_size=48), dict(block_n=32), dict(stages=4),
-                dict(shared_limit=180000)):  # fmt: skip
+                dict(head_dim=96, head_dim_v=96), dict(head_dim_v=64), dict(group=3), dict(block_n=32),
+                dict(stages=4), dict(shared_limit=180000)):  # fmt: skip
         assert not hopper.shape_ok(**{**ok, **bad}), bad
-    for good in (dict(page_size=64), dict(page_size=256), dict(page_size=32), dict(head_dim=64, head_dim_v=64),
+    for good in (dict(page_size=64), dict(page_size=256), dict(page_size=32), dict(page_size=1), dict(page_size=8),
+                 dict(page_size=48), dict(page_size=3), dict(head_dim=64, head_dim_v=64),
                  dict(head_dim=256, head_dim_v=256, block_n=64), dict(group=1), dict(group=128),
                  dict(dtype=torch.float16, cache_dtype=torch.float16)):  # fmt: skip
         assert hopper.shape_ok(**{**ok, **good}), good
     assert hopper.shared_bytes(128, 128, 2) >= 180312  # ptxas's figure for that variant (Triton 3.6)
+    for page_size, block_n, gathered in ((1, 128, True), (8, 128, True), (15, 64, True), (48, 128, True),
+                                         (24, 64, True), (16, 128, False), (32, 64, False), (64, 128, False),
+                                         (256, 128, False), (128, 64, False)):  # fmt: skip
+        assert hopper.gathers(page_size, block_n) == gathered, (page_size, block_n)
+        copies = hopper.copy_constexprs(page_size, block_n)
+        assert copies == {"COPY": 16 if gathered else min(page_size, block_n), "GATHER": gathered}
 
     cache = torch.zeros(10, 16, 8, 128, dtype=torch.bfloat16)
     assert hopper.layout_ok(cache, cache)
@@ -111,12 +118,13 @@ def test_plan_takes_it_only_where_it_fits():
     with attention_config_override(ws_prefill=True):
         assert _plan(dev).ws == (128, 2)
         assert _plan(dev, decode_tail=5, num_seqs=6).ws == (128, 2)
+        assert _plan(dev, page_size=1).ws == (128, 2)  # gathered key by key
     with attention_config_override(ws_prefill=True, ws_block_n=64, ws_stages=3):
         assert _plan(dev, decode_tail=5, num_seqs=6).ws == (64, 3)
     with attention_config_override(ws_prefill=True):
         for bad in (dict(want_lse=True), dict(window_left=100), dict(softcap=30.0), dict(has_alibi=True),
                     dict(has_sinks=True), dict(has_k_scale=True), dict(max_seqlen_q=1), dict(batch_invariant=True),
-                    dict(page_size=1), dict(dtype=torch.float32, cache_dtype=torch.float32)):  # fmt: skip
+                    dict(dtype=torch.float32, cache_dtype=torch.float32)):  # fmt: skip
             assert _plan(dev, **bad).ws is None, bad
     with attention_config_override(ws_prefill=False):
         assert _plan(dev).ws is None
@@ -129,9 +137,10 @@ def test_plan_takes_it_only_where_it_fits():
 @example(data=None)
 def test_matches_reference(data):
     """Prompts, chunks on a cached prefix and mixed batches (decodes at the end, with the layout hint), ragged
-    lengths, pages of 16-128 keys, GQA groups 1/4/8/16, head dims 64/128/256, bf16 and fp16, causal or not, a
-    request-pool block table (rows picked by index), padding rows: against the reference, with outputs
-    NaN-poisoned and NaN in every cache slot no sequence owns (stale slots of the last page must not leak)."""
+    lengths, pages of 1-128 keys (those under 16, and 24, gathered key by key), GQA groups 1/4/8/16, head dims
+    64/128/256, bf16 and fp16, causal or not, a request-pool block table (rows picked by index), padding rows:
+    against the reference, with outputs NaN-poisoned and NaN in every cache slot no sequence owns (stale slots of
+    the last page must not leak)."""
     if data is None:  # a fixed case: a mixed batch with pages of 16 and a ragged last page
         q_lens, prefix = [300, 77, 1, 1, 1], [0, 500, 900, 33, 17]
         page_size, head_dim, group, dtype, causal, rows, block_n, seed = 16, 128, 4, torch.bfloat16, True, False, 128, 0
@@ -142,7 +151,7 @@ def test_matches_reference(data):
         decodes = data.draw(st.integers(0, 4))
         q_lens += [1] * decodes
         prefix = data.draw(st.lists(st.integers(0, 1500), min_size=len(q_lens), max_size=len(q_lens)))
-        page_size = data.draw(st.sampled_from((16, 32, 64, 128)))
+        page_size = data.draw(st.sampled_from((1, 2, 8, 16, 24, 32, 64, 128)))
         head_dim = data.draw(st.sampled_from((64, 128, 256)))
         group = data.draw(st.sampled_from((1, 4, 8, 16)))
         dtype = data.draw(st.sampled_from((torch.bfloat16, torch.float16)))
@@ -181,11 +190,13 @@ def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, 
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU and a Triton whose Gluon API this kernel was verified on")
 @pytest.mark.parametrize("head_dim, block_n, group, page_size, causal, rows", [
     (128, 128, 4, 16, True, False), (256, 64, 8, 32, False, True), (64, 128, 1, 64, True, True),
-    (128, 64, 16, 128, True, False),
+    (128, 64, 16, 128, True, False), (128, 128, 4, 1, True, False), (256, 64, 8, 4, True, True),
+    (64, 128, 1, 8, False, False), (128, 128, 8, 24, True, True),
 ])  # fmt: skip
 def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page_size, causal, rows):
     """Fixed ragged batches with decodes, one-tile and many-tile sequences (the overlapped loop's first and last
-    tiles are peeled; under causal masks and with padding rows the two warpgroups have unequal tile counts)."""
+    tiles are peeled; under causal masks and with padding rows the two warpgroups have unequal tile counts), pages
+    copied whole and gathered key by key (a ring slot handed over by 128 threads' copies landing, tails zero-filled)."""
     q_lens, prefix = [517, 129, 64, 1, 1], [0, 1000, 3, 250, 0]
     _check_against_reference(q_lens, prefix, page_size, head_dim, group, torch.bfloat16, causal, rows, block_n,
                              seed=head_dim + group)  # fmt: skip
@@ -193,23 +204,32 @@ def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page
 
 @pytest.mark.skipif(hopper.gluon is None, reason="the installed Triton has no Gluon Hopper API")
 def test_each_head_dim_compiles_for_sm90_with_the_overlap():
-    """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256 within the shared memory ``shape_ok`` counts
-    on, leaving one product in flight (``wgmma.wait_group 1``: the PV beside the softmax), spilling nothing at
-    D64 and D128 and at most a few bytes at D256 (its 64-key tiles' accumulators take 128 registers a thread)."""
+    """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256, with TMA copies of pages and with gathers
+    (pages of 1), within the shared memory ``shape_ok`` counts on, leaving one product in flight
+    (``wgmma.wait_group 1``: the PV beside the softmax); the gathering form copies with 16-byte ``cp.async`` (a
+    tile's K and V: 2 x BLOCK_N x D x 2 bytes / 16 per thread of the gathering warpgroup) whose completion arrives on
+    the K and V barriers (no waits for them), the other with neither; no spills at D64 and D128, at most a few bytes
+    at D256 (its accumulators take 128 registers a thread)."""
     from .test_compile import _compiled
 
-    rows = {r["head_dim"]: r for r in _compiled("tests.compile_matrix", "--gluon-forms")}
-    assert sorted(rows) == list(hopper.HEAD_DIMS)
-    for head_dim, r in rows.items():
-        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, r["block_n"], 2) <= 227 * 1024, r
+    rows = _compiled("tests.compile_matrix", "--gluon-forms")
+    forms = sorted((d, g) for d in hopper.HEAD_DIMS for g in (False, True))
+    assert sorted((r["head_dim"], r["page_size"] == 1) for r in rows) == forms
+    for r in rows:
+        head_dim, block_n = r["head_dim"], r["block_n"]
+        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2) <= 227 * 1024, r
         assert r["waits"] == ["0", "1"], r
         assert r["spills"] <= (64 if head_dim == 256 else 0), r
+        gathered = r["page_size"] == 1
+        assert r["cp_async"] == (2 * block_n * head_dim * 2 // 16 // (32 * hopper.GATHER_WARPS) if gathered else 0), r
+        assert (r["arrives"], r["waits_for_copies"]) == ((2, 0) if gathered else (0, 0)), r
 
 
 def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     """The host side without a GPU: a launch prepared from metadata passes the kernel, by its own parameter names,
-    the shape-only grid, the caches as [slots, heads x D] descriptors copied a page at a time, and the scalars and
-    constexprs of that metadata (a stand-in kernel records the call)."""
+    the shape-only grid, the caches as [slots, heads x D] descriptors copied a page at a time and as tensors with
+    their slot strides (for gathers), and the scalars and constexprs of that metadata; pages of 1 are gathered
+    into the ring in the layout of 16-row copies (a stand-in kernel records the calls)."""
     params = hopper._ws_prefill_kernel.arg_names
     calls = []
 
@@ -227,7 +247,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     p = hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
                        block_n=128, stages=2)  # fmt: skip
     p.run(q, k_cache, v_cache, block_table, None, cu, seq_lens, out)
-    ((grid, args, kw),) = calls
+    grid, args, kw = calls[0]
     names = [n for n in params if n not in kw]
     got = dict(zip(names, args, strict=True))
     assert grid == (100 // 32 + 3, 2)
@@ -241,5 +261,16 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     assert [got[n] for n in counts] == [3, 100, 10, 3]
     strides = ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_bt_b")
     assert [got[n] for n in strides] == [1024, 128, 1024, 128, 10]
+    assert got["k_ptr"] is k_cache and got["v_ptr"] is v_cache
+    assert got["stride_k_slot"] == got["stride_v_slot"] == 512
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, IS_CAUSAL=True,
-                      HAS_BT_ROWS=False, num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      HAS_BT_ROWS=False, GATHER=False, num_warps=4, enable_fp_fusion=True)  # fmt: skip
+
+    one = combined.view(320, 1, 2, 2, 128)  # the same slots as pages of 1
+    p = hopper.prepare(q, one[:, :, 0], block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
+                       block_n=128, stages=2)  # fmt: skip
+    p.run(q, one[:, :, 0], one[:, :, 1], block_table, None, cu, seq_lens, out)
+    grid, args, kw = calls[1]
+    got = dict(zip([n for n in params if n not in kw], args, strict=True))
+    assert list(got["k_desc"].block_shape) == [16, 128] and got["stride_v_slot"] == 512
+    assert kw["GATHER"] is True and kw["COPY"] == 16 and kw["PAGE_SIZE"] == 1

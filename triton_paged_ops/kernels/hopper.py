@@ -7,16 +7,19 @@ query tile (``128 // GROUP`` tokens x the ``GROUP`` query heads of one KV head) 
 64 rows each, which run independently (one's softmax beside the other's products), and gives the K/V loads to a
 *producer* warp: it walks the block table and copies each page's rows of a ``BLOCK_N``-key tile into shared memory
 with the tensor memory accelerator (one copy per page, so pages of 16 keys need no gathers), ``STAGES`` tiles
-ahead, handing buffers over through mbarriers. Consumers get up to 232 registers each, the producer 64. A consumer
-issues a tile's QK^T together with the previous tile's PV and computes the tile's softmax while that PV runs
-(FlashAttention-3's overlap within a warpgroup).
+ahead, handing buffers over through mbarriers. Pages of under 16 keys (and sizes that neither divide the tile nor
+are a multiple of it) get a producer warpgroup instead, which gathers key by key with ``cp.async``, each thread's
+copies arriving on the slot's barrier as they land, so that as many tiles are in flight as with the TMA (one warp
+that waited for its own copies kept too few bytes in flight). Consumers get up to 232 registers each, the TMA warp
+64, the gathering warpgroup 40. A consumer issues a tile's QK^T together with the previous tile's PV and computes the
+tile's softmax while that PV runs (FlashAttention-3's overlap within a warpgroup).
 
 Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
-queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages whose
-size divides the KV tile or is a multiple of it (at least 16 keys when smaller), heads adjacent within a slot,
-causal or not, no window, cap, ALiBi, sinks, cache scales, lse output or split, and not under ``torch.compile``
-tracing. Programs map onto query blocks exactly as the unified kernel's (longest block of a sequence first, in the
-batch's order), so one-token sequences of a mixed batch run here too, with one consumer warpgroup idle.
+queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages of any
+size, heads adjacent within a slot, causal or not, no window, cap, ALiBi, sinks, cache scales, lse output or split,
+and not under ``torch.compile`` tracing. Programs map onto query blocks exactly as the unified kernel's (longest
+block of a sequence first, in the batch's order), so one-token sequences of a mixed batch run here too, with one
+consumer warpgroup idle.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from triton_paged_ops.kernels.schedule import _find_seq, _query_block, _sequence
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
@@ -59,6 +63,10 @@ HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = triton.language.constexpr(232)
 PRODUCER_REGS = triton.language.constexpr(64)
+# The gathering producer: a warpgroup (its copies are issued a thread per 16 bytes) within what the consumers leave of
+# the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
+GATHER_WARPS = triton.language.constexpr(4)
+GATHER_REGS = triton.language.constexpr(40)
 
 
 def available(device_index: int | None) -> bool:
@@ -76,16 +84,30 @@ def copy_rows(page_size: int, block_n: int) -> int:
     return min(page_size, block_n)
 
 
+def gathers(page_size: int, block_n: int) -> bool:
+    """Whether the producer gathers a tile's rows key by key (``cp.async``) instead of copying whole pages with the
+    TMA: pages under 16 keys (a TMA copy and a page-id load per key would not keep up), or pages that neither divide
+    the tile nor are a multiple of it."""
+    rows = copy_rows(page_size, block_n)
+    return rows < 16 or block_n % rows != 0 or page_size % rows != 0
+
+
+def copy_constexprs(page_size: int, block_n: int) -> dict:
+    """The kernel's ``GATHER`` and ``COPY`` (rows per TMA copy; a gathering producer fills the ring 16 rows at a
+    time, in the layout of 16-row copies)."""
+    gather = gathers(page_size, block_n)
+    return {"COPY": 16 if gather else copy_rows(page_size, block_n), "GATHER": gather}
+
+
 def shape_ok(*, group: int, head_dim: int, head_dim_v: int, page_size: int, block_n: int, stages: int,
              dtype: torch.dtype, cache_dtype: torch.dtype, shared_limit: int) -> bool:  # fmt: skip
     """Whether a launch's shapes fit this kernel (see the module docstring) and its buffers ``shared_limit``
     bytes of shared memory."""
-    rows = copy_rows(page_size, block_n)
     if dtype not in (torch.float16, torch.bfloat16) or cache_dtype != dtype:
         return False
     if head_dim != head_dim_v or head_dim not in HEAD_DIMS or TILE_ROWS % group:
         return False
-    if block_n not in (64, 128) or rows < 16 or block_n % rows or page_size % rows:
+    if block_n not in (64, 128):
         return False
     return shared_bytes(head_dim, block_n, stages) <= shared_limit
 
@@ -129,9 +151,22 @@ if gluon is not None:
                                             slot.slice(c * COPY, COPY))  # fmt: skip
 
     @gluon.jit
-    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
-                  kv_col, n_tiles, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
-                  STAGES: gl.constexpr):  # fmt: skip
+    def _producer(k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty,
+                  bt_row_ptr, kv_len, kv_col, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE: gl.constexpr,
+                  BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
+        """The producer: key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
+        if GATHER:
+            _gather_producer(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                             kv_len, kv_col, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
+                             k_desc.block_type.shape[1], BLOCK_N, STAGES)  # fmt: skip
+        else:
+            _tma_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
+                          kv_col, n_tiles, PAGE_SIZE, BLOCK_N, COPY, STAGES)  # fmt: skip
+
+    @gluon.jit
+    def _tma_producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
+                      kv_col, n_tiles, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
+                      STAGES: gl.constexpr):  # fmt: skip
         """One warp: copies the K and V tiles of keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``, j < ``n_tiles``, page
         by page into ring buffers, each once both consumers have released its slot. A tile reaching past the
         sequence gets its V rows there zeroed (they multiply probabilities of 0, and stale cache slots may hold
@@ -165,6 +200,57 @@ if gluon is not None:
                 fence_async_shared()
                 thread_barrier()
                 mbarrier.arrive(v_ready.index(s), count=1)
+
+    @gluon.jit
+    def _gather_tile(cache_ptr, slot, slot_ids, kv_col, kv_len, j, stride_slot, HEAD_DIM: gl.constexpr,
+                     BLOCK_N: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+        """``cp.async`` copies of tile ``j``'s rows of one KV head (column ``kv_col``) into ``slot`` by ``WARPS``
+        warps, ``8 * WARPS`` rows at a time, row r from cache slot ``slot_ids[r]`` (shared memory); rows at or past
+        ``kv_len`` are zero-filled. Four lanes share a row (64 contiguous bytes per copy instruction) and each lane
+        copies ``HEAD_DIM // 32`` 16-byte pieces of it, so a row's address and mask are computed once per lane."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
+        ROWS_AT_ONCE: gl.constexpr = 8 * WARPS
+        cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+        for c in gl.static_range(BLOCK_N // ROWS_AT_ONCE):
+            ids = slot_ids.slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE).load(gl.SliceLayout(1, layout))
+            keys = j * BLOCK_N + c * ROWS_AT_ONCE + gl.arange(0, ROWS_AT_ONCE, layout=gl.SliceLayout(1, layout))
+            # Slot ids and strides are non-negative: an unsigned 32 x 32 -> 64-bit product (one multiply-add).
+            off = ids.to(gl.uint32).to(gl.uint64) * stride_slot.to(gl.uint32).to(gl.uint64)
+            # (Row starts are 16-byte aligned, ``layout_ok``: the copies move 16 bytes each.)
+            rows = cache_ptr + kv_col + gl.multiple_of(off.to(gl.int64, bitcast=True), 8)
+            async_copy.async_copy_global_to_shared(slot.slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
+                                                   rows[:, None] + cols[None, :],
+                                                   mask=(keys < kv_len)[:, None])  # fmt: skip
+
+    @gluon.jit
+    def _gather_producer(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                         kv_len, kv_col, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE: gl.constexpr,
+                         HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+        """``GATHER_WARPS`` warps, for pages a TMA copy per page cannot serve (``gathers``): per tile, the keys'
+        cache slots from one vector load of the block table (a tile ahead) into shared memory, then ``cp.async``
+        copies of their K and V rows, each thread's copies arriving on the slot's ready barrier as they complete
+        (the producer never waits for its own copies: two tiles' K and V can be in flight)."""
+        WARPS: gl.constexpr = GATHER_WARPS
+        ids_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+        n_pages = gl.cdiv(kv_len, PAGE_SIZE)
+        keys = gl.arange(0, BLOCK_N, layout=ids_layout)
+        page = gl.load(bt_row_ptr + gl.minimum(keys // PAGE_SIZE, n_pages - 1))
+        for j in range(n_tiles):
+            s = j % STAGES
+            phase = (j // STAGES) & 1
+            # Every warp is past its reads of the previous tile's slots before they are overwritten.
+            thread_barrier()
+            slot_ids.store(page * PAGE_SIZE + keys % PAGE_SIZE)
+            thread_barrier()
+            # The next tile's page ids are loaded while this one's copies are issued.
+            keys += BLOCK_N
+            page = gl.load(bt_row_ptr + gl.minimum(keys // PAGE_SIZE, n_pages - 1))
+            mbarrier.wait(k_empty.index(s), phase ^ 1)
+            _gather_tile(k_ptr, k_smem.index(s), slot_ids, kv_col, kv_len, j, stride_k_slot, HEAD_DIM, BLOCK_N, WARPS)
+            async_copy.mbarrier_arrive(k_ready.index(s), increment_count=False)
+            mbarrier.wait(v_empty.index(s), phase ^ 1)
+            _gather_tile(v_ptr, v_smem.index(s), slot_ids, kv_col, kv_len, j, stride_v_slot, HEAD_DIM, BLOCK_N, WARPS)
+            async_copy.mbarrier_arrive(v_ready.index(s), increment_count=False)
 
     @gluon.jit
     def _scores(q_tile, k_smem, k_empty, zero_s, j, STAGES: gl.constexpr):
@@ -220,10 +306,18 @@ if gluon is not None:
         return n_full, my_tiles
 
     @gluon.jit
+    def _ready(bar, phase, GATHER: gl.constexpr):
+        """Waits for a ring slot's copies; gathered ones (``cp.async``, written through the generic proxy) are then
+        fenced for the wgmma reads, which go through the async proxy (with those of slots waited for before)."""
+        mbarrier.wait(bar, phase)
+        if GATHER:
+            fence_async_shared()
+
+    @gluon.jit
     def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
                   q_start, q_len, q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
                   stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         """One warpgroup: rows ``[WG * 64, WG * 64 + 64)`` of the program's query tile, online softmax in base 2
         over the producer's tiles, output normalized and stored. A warpgroup without rows only releases the
         tiles."""
@@ -268,7 +362,7 @@ if gluon is not None:
             # first tile has no PV to run beside, the last no QK^T.
             p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
             if my_tiles > 0:
-                mbarrier.wait(k_ready.index(0), 0)
+                _ready(k_ready.index(0), 0, GATHER)
                 qk = _scores(q_tile, k_smem, k_empty, zero_s, 0, STAGES)
                 p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
@@ -276,7 +370,7 @@ if gluon is not None:
                 s = j % STAGES
                 mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
                 sp = (j - 1) % STAGES
-                mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+                _ready(v_ready.index(sp), ((j - 1) // STAGES) & 1, GATHER)  # (one fence for both slots)
                 k_tile = k_smem.index(s)
                 qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
                 v_tile = v_smem.index(sp)
@@ -293,7 +387,7 @@ if gluon is not None:
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             if my_tiles > 0:
                 last = my_tiles - 1
-                mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
+                _ready(v_ready.index(last % STAGES), (last // STAGES) & 1, GATHER)
                 v_tile = v_smem.index(last % STAGES)
                 acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
                 acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
@@ -311,12 +405,12 @@ if gluon is not None:
     # Per-batch values are never specialized (a value of 1 would turn them into constants, and a new batch size
     # into a new compile).
     @gluon.jit(do_not_specialize=("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "stride_bt_b"))
-    def _ws_prefill_kernel(q_ptr, out_ptr, k_desc, v_desc, block_table_ptr, block_table_rows_ptr, cu_seqlens_q_ptr,
-                           seq_lens_ptr, qk_scale, num_seqs, num_tokens, max_pages, num_bt_rows,
-                           stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
+    def _ws_prefill_kernel(q_ptr, out_ptr, k_desc, v_desc, k_ptr, v_ptr, block_table_ptr, block_table_rows_ptr,
+                           cu_seqlens_q_ptr, seq_lens_ptr, qk_scale, num_seqs, num_tokens, max_pages, num_bt_rows,
+                           stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b, stride_k_slot, stride_v_slot,
                            GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
                            BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                           HAS_BT_ROWS: gl.constexpr):  # fmt: skip
+                           HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
         # Program -> (query block, KV head) as in the unified kernel's prefill launches: KV heads fastest in
         # dispatch order, a sequence's blocks last one first.
@@ -344,26 +438,32 @@ if gluon is not None:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # A TMA copy completes its barrier's phase with one arrival and the bytes; gathers, with an arrival from
+        # each gathering thread once its copies land.
+        READY: gl.constexpr = 32 * GATHER_WARPS if GATHER else 1
         for i in gl.static_range(STAGES):
-            mbarrier.init(k_ready.index(i), count=1)
-            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(k_ready.index(i), count=READY)
+            mbarrier.init(v_ready.index(i), count=READY)
             # Both consumer warpgroups release each slot.
             mbarrier.init(k_empty.index(i), count=2)
             mbarrier.init(v_empty.index(i), count=2)
         mbarrier.init(v_ready.index(STAGES), count=1)
+        # The cache slots of the tile a gathering producer copies (unused by the TMA producer).
+        slot_ids = gl.allocate_shared_memory(gl.int32, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         fence_async_shared()
 
         bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
         gl.warp_specialize([
             (_consumer, (0, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start, q_len,
                          q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, GATHER)),
             (_consumer, (1, q_ptr, out_ptr, q_smem, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start, q_len,
                          q_block, kv_head, kv_len, n_tiles, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL)),
-            (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
-                         kv_head * HEAD_DIM, n_tiles, PAGE_SIZE, BLOCK_N, COPY, STAGES)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])  # fmt: skip
+                         stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, GATHER)),
+            (_producer, (k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty,
+                         bt_row_ptr, kv_len, kv_head * HEAD_DIM, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
+                         BLOCK_N, COPY, STAGES, GATHER)),
+        ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
 def _descriptor(cache: torch.Tensor, rows: int, layout) -> TensorDescriptor:
@@ -378,9 +478,9 @@ class WsLaunch:
     metadata; a call builds the two descriptors (the caches' addresses) and launches."""
 
     grid: tuple[int, int]
-    rows: int  # KV rows per TMA copy
+    rows: int  # KV rows per TMA copy (the ring's layout unit where the producer gathers)
     layout: object  # the copies' NVMMA shared layout
-    scalars: tuple  # the kernel's arguments after the tensors, in order
+    scalars: tuple  # the kernel's arguments after the tensors, in order, up to the caches' slot strides
     constexprs: dict
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -390,8 +490,8 @@ class WsLaunch:
         ``out`` [T, Hq, D]."""
         _ws_prefill_kernel[self.grid](
             q, out, _descriptor(k_cache, self.rows, self.layout), _descriptor(v_cache, self.rows, self.layout),
-            block_table, block_table_rows if block_table_rows is not None else block_table, cu_seqlens_q, seq_lens,
-            *self.scalars, **self.constexprs,
+            k_cache, v_cache, block_table, block_table_rows if block_table_rows is not None else block_table,
+            cu_seqlens_q, seq_lens, *self.scalars, k_cache.stride(1), v_cache.stride(1), **self.constexprs,
         )  # fmt: skip
 
 
@@ -413,13 +513,13 @@ def prepare(
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
-    rows = copy_rows(page_size, block_n)
+    copies = copy_constexprs(page_size, block_n)
+    rows = copies["COPY"]
     dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0],
                q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
-    constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, COPY=rows,
-                      STAGES=stages, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, num_warps=4,
-                      enable_fp_fusion=True)  # fmt: skip
+    constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
+                      IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (num_tokens // (TILE_ROWS // group) + num_seqs, num_kv_heads)
     return WsLaunch(grid, rows, layout, scalars, constexprs)
