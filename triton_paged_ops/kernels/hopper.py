@@ -63,8 +63,8 @@ HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = triton.language.constexpr(232)
 PRODUCER_REGS = triton.language.constexpr(64)
-# The gathering producer: a warpgroup (its copies are issued a thread per 16 bytes) within what the consumers leave of
-# the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
+# The gathering producer: a warpgroup (enough threads to issue a tile's copies between two of the consumers' steps)
+# within what the consumers leave of the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
 GATHER_WARPS = triton.language.constexpr(4)
 GATHER_REGS = triton.language.constexpr(40)
 
