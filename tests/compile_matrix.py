@@ -157,7 +157,8 @@ def gluon_forms() -> list[dict]:
     forms = [(64, 128, 16), (128, 128, 16), (256, 64, 32), (64, 128, 1), (128, 128, 1), (256, 64, 1)]
     for head_dim, block_n, page_size in forms:
         compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
-                                      **hopper.copy_constexprs(page_size, block_n), STAGES=2, IS_CAUSAL=True,
+                                      **hopper.copy_constexprs(page_size, block_n), STAGES=2,
+                                      Q_BUFS=hopper.q_buffers(head_dim, block_n, 2, posing.H100.shared), IS_CAUSAL=True,
                                       HAS_BT_ROWS=False))  # fmt: skip
         waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
         rows.append({"head_dim": head_dim, "block_n": block_n, "page_size": page_size,

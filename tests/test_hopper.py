@@ -3,6 +3,8 @@ a verified Triton) its outputs against the reference."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 from hypothesis import example, given, settings
@@ -14,6 +16,7 @@ from triton_paged_ops.configs.heuristic import attention_config_override
 from triton_paged_ops.inputs import random_paged_batch
 from triton_paged_ops.kernels import hopper
 from triton_paged_ops.plan import MAX_SPLIT_Q_LEN, attention_launch_plan
+from triton_paged_ops.prepared import PREPARED
 
 from .strategies import poison_unowned_slots
 from .test_attention import assert_close_to_reference
@@ -36,7 +39,8 @@ def test_shapes_and_layouts_it_takes():
     """``shape_ok``: 16-bit caches of the query's dtype, equal K/V head dims of 64/128/256, groups dividing the
     128-row tile, 64- or 128-key tiles, buffers within the limit, any page size; ``gathers``: pages of under 16 keys
     or that neither divide the tile nor are a multiple of it are gathered key by key, others copied page by page;
-    ``layout_ok``: heads adjacent in a slot, slots evenly strided, 16-byte strides and base."""
+    ``layout_ok``: heads adjacent in a slot, slots evenly strided, 16-byte strides and base; ``q_layout_ok``: query
+    rows 16 bytes apart, D contiguous, 16-byte base."""
     ok = dict(group=4, head_dim=128, head_dim_v=128, page_size=16, block_n=128, stages=2, dtype=torch.bfloat16,
               cache_dtype=torch.bfloat16, shared_limit=232448)  # fmt: skip
     assert hopper.shape_ok(**ok)
@@ -66,6 +70,15 @@ def test_shapes_and_layouts_it_takes():
     shifted = torch.zeros(10 * 16 * 8 * 128 + 1, dtype=torch.bfloat16)[1:].view(10, 16, 8, 128)
     assert not hopper.layout_ok(shifted, shifted)
     assert hopper.layout_ok(shifted, shifted, check_address=False)
+
+    q = torch.zeros(7, 8, 128, dtype=torch.bfloat16)
+    assert hopper.q_layout_ok(q) and hopper.q_layout_ok(q.transpose(0, 1).contiguous().transpose(0, 1))
+    qkv = torch.zeros(7, 12, 128, dtype=torch.bfloat16)  # q as a slice of a fused projection's output
+    assert hopper.q_layout_ok(qkv[:, :8])
+    assert not hopper.q_layout_ok(torch.zeros(7, 8, 132, dtype=torch.bfloat16)[:, :, :128])  # heads 264 bytes apart
+    assert not hopper.q_layout_ok(torch.zeros(7, 128, 8, dtype=torch.bfloat16).transpose(1, 2))  # D not contiguous
+    odd = torch.zeros(7 * 8 * 128 + 1, dtype=torch.bfloat16)[1:].view(7, 8, 128)
+    assert not hopper.q_layout_ok(odd) and hopper.q_layout_ok(odd, check_address=False)
 
 
 def test_interpreter_and_cpu_launches_never_take_it():
@@ -159,11 +172,25 @@ def test_matches_reference(data):
         rows = data.draw(st.booleans())
         block_n = 64 if head_dim == 256 else data.draw(st.sampled_from((64, 128)))
         seed = data.draw(st.integers(0, 2**31 - 1))
-    _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed)
+        programs = data.draw(st.sampled_from((None, 1, 3, 8)))
+    _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed,
+                             programs if data is not None else None)  # fmt: skip
 
 
-def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed):
-    """One batch through the warp-specialized kernel (asserted taken) against the reference."""
+def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed,
+                             programs=None):  # fmt: skip
+    """One batch through the warp-specialized kernel (asserted taken) against the reference; ``programs``: launch
+    that many programs instead of one per SM (each then runs many work items: the ring's slots, the q buffers
+    and the tail fix-ups' phases carried across items, items without rows among them)."""
+    if programs is not None:
+        sms, shared = hopper._device_limits(torch.device(DEVICE))
+        with mock.patch.object(hopper, "_device_limits", lambda device: (programs, shared)):
+            PREPARED.clear()
+            try:
+                return _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows,
+                                                block_n, seed)  # fmt: skip
+            finally:
+                PREPARED.clear()
     kv_lens = [q + p for q, p in zip(q_lens, prefix)]
     num_kv_heads = 2
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
@@ -188,27 +215,29 @@ def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU and a Triton whose Gluon API this kernel was verified on")
-@pytest.mark.parametrize("head_dim, block_n, group, page_size, causal, rows", [
-    (128, 128, 4, 16, True, False), (256, 64, 8, 32, False, True), (64, 128, 1, 64, True, True),
-    (128, 64, 16, 128, True, False), (128, 128, 4, 1, True, False), (256, 64, 8, 4, True, True),
-    (64, 128, 1, 8, False, False), (128, 128, 8, 24, True, True),
+@pytest.mark.parametrize("head_dim, block_n, group, page_size, causal, rows, programs", [
+    (128, 128, 4, 16, True, False, None), (256, 64, 8, 32, False, True, 3), (64, 128, 1, 64, True, True, None),
+    (128, 64, 16, 128, True, False, 2), (128, 128, 4, 1, True, False, 3), (256, 64, 8, 4, True, True, None),
+    (64, 128, 1, 8, False, False, 1), (128, 128, 8, 24, True, True, 5),
 ])  # fmt: skip
-def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page_size, causal, rows):
+def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page_size, causal, rows, programs):
     """Fixed ragged batches with decodes, one-tile and many-tile sequences (the overlapped loop's first and last
     tiles are peeled; under causal masks and with padding rows the two warpgroups have unequal tile counts), pages
-    copied whole and gathered key by key (a ring slot handed over by 128 threads' copies landing, tails zero-filled)."""
+    copied whole and gathered key by key (a ring slot handed over by 128 threads' copies landing, tails zero-filled),
+    a program per SM and a few programs running many items each."""
     q_lens, prefix = [517, 129, 64, 1, 1], [0, 1000, 3, 250, 0]
     _check_against_reference(q_lens, prefix, page_size, head_dim, group, torch.bfloat16, causal, rows, block_n,
-                             seed=head_dim + group)  # fmt: skip
+                             seed=head_dim + group, programs=programs)  # fmt: skip
 
 
 @pytest.mark.skipif(hopper.gluon is None, reason="the installed Triton has no Gluon Hopper API")
 def test_each_head_dim_compiles_for_sm90_with_the_overlap():
     """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256, with TMA copies of pages and with gathers
-    (pages of 1), within the shared memory ``shape_ok`` counts on, leaving one product in flight
-    (``wgmma.wait_group 1``: the PV beside the softmax); the gathering form copies with 16-byte ``cp.async`` (a
-    tile's K and V: 2 x BLOCK_N x D x 2 bytes / 16 per thread of the gathering warpgroup) whose completion arrives on
-    the K and V barriers (no waits for them), the other with neither; no spills at D64 and D128, at most a few bytes
+    (pages of 1), within the shared memory ``shape_ok`` counts on (two q buffers up to D128, one at D256), leaving
+    one product in flight (``wgmma.wait_group 1``: the PV beside the softmax); the producer copies the query rows
+    with 16-byte ``cp.async`` whose completion arrives on the q buffer's barrier, a gathering one also a tile's K
+    and V (2 x BLOCK_N x D x 2 bytes / 16 per thread of its warpgroup) arriving on the K and V barriers (no waits
+    for copies anywhere); no spills at D64 and D128, at most a few bytes
     at D256 (its accumulators take 128 registers a thread)."""
     from .test_compile import _compiled
 
@@ -217,19 +246,24 @@ def test_each_head_dim_compiles_for_sm90_with_the_overlap():
     assert sorted((r["head_dim"], r["page_size"] == 1) for r in rows) == forms
     for r in rows:
         head_dim, block_n = r["head_dim"], r["block_n"]
-        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2) <= 227 * 1024, r
+        q_bufs = hopper.q_buffers(head_dim, block_n, 2, 227 * 1024)
+        assert q_bufs == (1 if head_dim == 256 else 2)
+        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2, q_bufs) <= 227 * 1024, r
         assert r["waits"] == ["0", "1"], r
         assert r["spills"] <= (64 if head_dim == 256 else 0), r
         gathered = r["page_size"] == 1
-        assert r["cp_async"] == (2 * block_n * head_dim * 2 // 16 // (32 * hopper.GATHER_WARPS) if gathered else 0), r
-        assert (r["arrives"], r["waits_for_copies"]) == ((2, 0) if gathered else (0, 0)), r
+        # The query rows (128 x D) by the producer's threads; a gathering one adds a tile's K and V.
+        threads = 32 * (hopper.GATHER_WARPS if gathered else 1)
+        copies = (hopper.TILE_ROWS + (2 * block_n if gathered else 0)) * head_dim * 2 // 16
+        assert r["cp_async"] == copies // threads, r
+        assert (r["arrives"], r["waits_for_copies"]) == ((3, 0) if gathered else (1, 0)), r
 
 
 def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     """The host side without a GPU: a launch prepared from metadata passes the kernel, by its own parameter names,
-    the shape-only grid, the caches as [slots, heads x D] descriptors copied a page at a time and as tensors with
-    their slot strides (for gathers), and the scalars and constexprs of that metadata; pages of 1 are gathered
-    into the ring in the layout of 16-row copies (a stand-in kernel records the calls)."""
+    the grid (from shapes and the SM count), the caches as [slots, heads x D] descriptors copied a page at a time
+    and as tensors with their slot strides (for gathers), and the scalars and constexprs of that metadata; pages of
+    1 are gathered into the ring in the layout of 16-row copies (a stand-in kernel records the calls)."""
     params = hopper._ws_prefill_kernel.arg_names
     calls = []
 
@@ -238,6 +272,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
             return lambda *args, **kw: calls.append((grid, args, kw))
 
     monkeypatch.setattr(hopper, "_ws_prefill_kernel", Recorder())
+    monkeypatch.setattr(hopper, "_device_limits", lambda device: (132, 232448))
     q = torch.zeros(100, 8, 128, dtype=torch.bfloat16)
     combined = torch.zeros(20, 16, 2, 2, 128, dtype=torch.bfloat16)  # K and V of a slot side by side
     k_cache, v_cache = combined[:, :, 0], combined[:, :, 1]
@@ -250,21 +285,22 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     grid, args, kw = calls[0]
     names = [n for n in params if n not in kw]
     got = dict(zip(names, args, strict=True))
-    assert grid == (100 // 32 + 3, 2)
+    assert grid == ((100 // 32 + 3) * 2,)  # fewer items than SMs: a program each
     assert got["q_ptr"] is q and got["out_ptr"] is out and got["block_table_rows_ptr"] is block_table
     for name, cache in (("k_desc", k_cache), ("v_desc", v_cache)):
         desc = got[name]
         assert desc.base is cache and list(desc.shape) == [320, 256] and list(desc.strides) == [512, 1]
         assert list(desc.block_shape) == [16, 128]
     assert got["qk_scale"] == pytest.approx(0.5 * hopper.LOG2E)
-    counts = ("num_seqs", "num_tokens", "max_pages", "num_bt_rows")
-    assert [got[n] for n in counts] == [3, 100, 10, 3]
+    counts = ("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "num_items", "num_kv_heads")
+    assert [got[n] for n in counts] == [3, 100, 10, 3, (100 // 32 + 3) * 2, 2]
     strides = ("stride_q_t", "stride_q_h", "stride_o_t", "stride_o_h", "stride_bt_b")
     assert [got[n] for n in strides] == [1024, 128, 1024, 128, 10]
     assert got["k_ptr"] is k_cache and got["v_ptr"] is v_cache
     assert got["stride_k_slot"] == got["stride_v_slot"] == 512
-    assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, IS_CAUSAL=True,
-                      HAS_BT_ROWS=False, GATHER=False, num_warps=4, enable_fp_fusion=True)  # fmt: skip
+    assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, Q_BUFS=2,
+                      IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, num_warps=4,
+                      enable_fp_fusion=True)  # fmt: skip
 
     one = combined.view(320, 1, 2, 2, 128)  # the same slots as pages of 1
     p = hopper.prepare(q, one[:, :, 0], block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
@@ -274,3 +310,17 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     got = dict(zip([n for n in params if n not in kw], args, strict=True))
     assert list(got["k_desc"].block_shape) == [16, 128] and got["stride_v_slot"] == 512
     assert kw["GATHER"] is True and kw["COPY"] == 16 and kw["PAGE_SIZE"] == 1
+
+    # More items than SMs: a program per SM where the q tile has a second buffer and pages come by TMA, else a
+    # program per item (pages gathered key by key; D256, whose one q buffer the next item waits for).
+    monkeypatch.setattr(hopper, "_device_limits", lambda device: (4, 232448))
+    items = (100 // 32 + 3) * 2
+    assert hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
+                          block_n=128, stages=2).grid == (4,)  # fmt: skip
+    assert hopper.prepare(q, one[:, :, 0], block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
+                          block_n=128, stages=2).grid == (items,)  # fmt: skip
+    q256 = torch.zeros(100, 8, 256, dtype=torch.bfloat16)
+    cache256 = torch.zeros(20, 32, 2, 256, dtype=torch.bfloat16)
+    wide = hopper.prepare(q256, cache256, block_table, q256, has_rows=False, num_seqs=3, scale=0.5, causal=True,
+                          block_n=64, stages=2)  # fmt: skip
+    assert (wide.grid, wide.constexprs["Q_BUFS"]) == (((100 // 32 + 3) * 2,), 1)

@@ -283,7 +283,7 @@ def prepare_attention_launch(
     prepared = AttentionLaunch(lp, (num_blocks * splits, num_kv_heads), tail, reduce, lse_elems, out_elems,
                                None if interpret else q.device.index)  # fmt: skip
     if lp.ws is not None:  # noqa: SIM102 (the second test reads the caches)
-        if hopper.layout_ok(k_cache, v_cache, check_address=False):
+        if hopper.layout_ok(k_cache, v_cache, check_address=False) and hopper.q_layout_ok(q, check_address=False):
             block_n, stages = lp.ws
             # Its mixed batches run in the batch's order: interleaving the decodes cost 580 -> 592 µs there (each
             # program holds an SM alone).
@@ -297,7 +297,7 @@ def run_attention_launch(p: AttentionLaunch, a: AttentionArgs, out: torch.Tensor
     """Launch a prepared call on arguments whose metadata is the one it was prepared from."""
     q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens = a[:6]
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a[OPTIONAL]
-    if p.ws is not None and not (k_cache.data_ptr() | v_cache.data_ptr()) & 15:
+    if p.ws is not None and not (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15:
         p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out)
         return
     lp = p.plan
