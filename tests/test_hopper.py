@@ -179,9 +179,9 @@ def test_matches_reference(data):
 
 def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, causal, rows, block_n, seed,
                              programs=None):  # fmt: skip
-    """One batch through the warp-specialized kernel (asserted taken) against the reference; ``programs``: launch
-    that many programs instead of one per SM (each then runs many work items: the ring's slots, the q buffers
-    and the tail fix-ups' phases carried across items, items without rows among them)."""
+    """One batch through the warp-specialized kernel (asserted taken) against the reference; ``programs``: where
+    the launch runs a program per SM, that many programs instead (each then runs many work items: the ring's
+    slots, the q buffers and the tail fix-ups' phases carried across items, items without rows among them)."""
     if programs is not None:
         sms, shared = hopper._device_limits(torch.device(DEVICE))
         with mock.patch.object(hopper, "_device_limits", lambda device: (programs, shared)):
@@ -234,29 +234,32 @@ def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page
 def test_each_head_dim_compiles_for_sm90_with_the_overlap():
     """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256, with TMA copies of pages and with gathers
     (pages of 1), within the shared memory ``shape_ok`` counts on (two q buffers up to D128, one at D256), leaving
-    one product in flight (``wgmma.wait_group 1``: the PV beside the softmax); the producer copies the query rows
-    with 16-byte ``cp.async`` whose completion arrives on the q buffer's barrier, a gathering one also a tile's K
-    and V (2 x BLOCK_N x D x 2 bytes / 16 per thread of its warpgroup) arriving on the K and V barriers (no waits
-    for copies anywhere); no spills at D64 and D128, at most a few bytes
-    at D256 (its accumulators take 128 registers a thread)."""
+    one product in flight (``wgmma.wait_group 1``: the PV beside the softmax); with a program per SM (two q
+    buffers) the producer copies the query rows with 16-byte ``cp.async`` whose completion arrives on the q
+    buffer's barrier (with a program per item the consumers load them), a gathering one also a tile's K and V
+    (2 x BLOCK_N x D x 2 bytes / 16 per thread of its warpgroup) arriving on the K and V barriers (no waits for
+    copies anywhere); no spills at D64 and D128, at most a few bytes at D256 (its accumulators take 128 registers a
+    thread)."""
     from .test_compile import _compiled
 
     rows = _compiled("tests.compile_matrix", "--gluon-forms")
-    forms = sorted((d, g) for d in hopper.HEAD_DIMS for g in (False, True))
-    assert sorted((r["head_dim"], r["page_size"] == 1) for r in rows) == forms
+    forms = sorted((d, g, d != 256) for d in hopper.HEAD_DIMS for g in (False, True))
+    assert sorted((r["head_dim"], r["page_size"] == 1, r["producer_q"]) for r in rows) == forms
     for r in rows:
         head_dim, block_n = r["head_dim"], r["block_n"]
         q_bufs = hopper.q_buffers(head_dim, block_n, 2, 227 * 1024)
-        assert q_bufs == (1 if head_dim == 256 else 2)
+        assert q_bufs == (1 if head_dim == 256 else 2) and hopper.persistent_ok(q_bufs) == (head_dim != 256)
         assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2, q_bufs) <= 227 * 1024, r
         assert r["waits"] == ["0", "1"], r
         assert r["spills"] <= (64 if head_dim == 256 else 0), r
         gathered = r["page_size"] == 1
-        # The query rows (128 x D) by the producer's threads; a gathering one adds a tile's K and V.
+        # The query rows (128 x D) by the producer's threads where it copies them; a gathering one adds a tile's K
+        # and V.
         threads = 32 * (hopper.GATHER_WARPS if gathered else 1)
-        copies = (hopper.TILE_ROWS + (2 * block_n if gathered else 0)) * head_dim * 2 // 16
+        q_rows = hopper.TILE_ROWS if r["producer_q"] else 0
+        copies = (q_rows + (2 * block_n if gathered else 0)) * head_dim * 2 // 16
         assert r["cp_async"] == copies // threads, r
-        assert (r["arrives"], r["waits_for_copies"]) == ((3, 0) if gathered else (1, 0)), r
+        assert r["arrives"] == 2 * gathered + r["producer_q"] and r["waits_for_copies"] == 0, r
 
 
 def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
@@ -299,7 +302,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     assert got["k_ptr"] is k_cache and got["v_ptr"] is v_cache
     assert got["stride_k_slot"] == got["stride_v_slot"] == 512
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, Q_BUFS=2,
-                      IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, num_warps=4,
+                      PRODUCER_Q=True, IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, num_warps=4,
                       enable_fp_fusion=True)  # fmt: skip
 
     one = combined.view(320, 1, 2, 2, 128)  # the same slots as pages of 1
@@ -311,16 +314,16 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     assert list(got["k_desc"].block_shape) == [16, 128] and got["stride_v_slot"] == 512
     assert kw["GATHER"] is True and kw["COPY"] == 16 and kw["PAGE_SIZE"] == 1
 
-    # More items than SMs: a program per SM where the q tile has a second buffer and pages come by TMA, else a
-    # program per item (pages gathered key by key; D256, whose one q buffer the next item waits for).
+    # More items than SMs: a program per SM where the q tile has a second buffer (its producer copying the q rows),
+    # else (D256) a program per item, whose consumers load their own.
     monkeypatch.setattr(hopper, "_device_limits", lambda device: (4, 232448))
     items = (100 // 32 + 3) * 2
     assert hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
                           block_n=128, stages=2).grid == (4,)  # fmt: skip
     assert hopper.prepare(q, one[:, :, 0], block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
-                          block_n=128, stages=2).grid == (items,)  # fmt: skip
+                          block_n=128, stages=2).grid == (4,)  # fmt: skip
     q256 = torch.zeros(100, 8, 256, dtype=torch.bfloat16)
     cache256 = torch.zeros(20, 32, 2, 256, dtype=torch.bfloat16)
     wide = hopper.prepare(q256, cache256, block_table, q256, has_rows=False, num_seqs=3, scale=0.5, causal=True,
                           block_n=64, stages=2)  # fmt: skip
-    assert (wide.grid, wide.constexprs["Q_BUFS"]) == (((100 // 32 + 3) * 2,), 1)
+    assert (wide.grid, wide.constexprs["Q_BUFS"], wide.constexprs["PRODUCER_Q"]) == ((items,), 1, False)

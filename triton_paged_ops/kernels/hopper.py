@@ -14,13 +14,13 @@ that waited for its own copies kept too few bytes in flight). Consumers get up t
 64, the gathering warpgroup 40. A consumer issues a tile's QK^T together with the previous tile's PV and computes the
 tile's softmax while that PV runs (FlashAttention-3's overlap within a warpgroup).
 
-A program runs work items (a query tile of one KV head) in a loop. The producer also finds each item's sequence,
-query block and keys, and copies its query rows (``cp.async``) into one of two q buffers beside that description,
-so consumers read one item's description from shared memory and start its products without a load of their own;
-the ring's slots and phases run on from item to item. With a program per SM the next item's q tile and first K/V
-tiles are in flight while the consumers finish this one (a profile of the one-item programs showed each spending
-about a memory latency waiting for its q rows before its first product); where the second q buffer does not fit
-(D256) or pages are gathered, a program per item keeps the hardware's dynamic hand-out instead.
+A program runs work items (a query tile of one KV head) in a loop, a program per SM. The producer also finds each
+item's sequence, query block and keys, and copies its query rows (``cp.async``) into one of two q buffers beside
+that description, so consumers read an item's description from shared memory and start its products without a
+load of their own, the next item's q tile and first K/V tiles in flight while they finish this one (a profile of
+programs of one item each showed them waiting about a memory latency for their q rows before the first product);
+the ring's slots and phases run on from item to item. Where the second q buffer does not fit (D256) a program
+runs one item, the hardware handing programs out as SMs free up, and its consumers load their own q rows.
 
 Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
 queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages of any
@@ -231,13 +231,13 @@ if gluon is not None:
                   seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items, num_kv_heads, stride_q_t,
                   stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP: gl.constexpr,
                   HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
-                  STAGES: gl.constexpr, Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_BT_ROWS: gl.constexpr,
-                  GATHER: gl.constexpr):  # fmt: skip
+                  STAGES: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         """The producer, over the program's work items: finds each item's sequence, query block and keys, writes
-        them for the consumers beside its query rows (copied into one of ``Q_BUFS`` q buffers), then copies its
-        K and V tiles into the ring, whose slots and phases run on across items (``t``: tiles handed over so far).
-        So the consumers go from one item's last product to the next one's first without a load of their own.
-        Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
+        them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), then
+        copies its K and V tiles into the ring, whose slots and phases run on across items (``t``: tiles handed
+        over so far). So the consumers go from one item's last product to the next one's first without a load of
+        their own. Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
         WARPS: gl.constexpr = GATHER_WARPS if GATHER else 1
         item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=item_layout)
@@ -252,16 +252,18 @@ if gluon is not None:
             n_tiles = gl.where(live, n_tiles, 0)
             b = r % Q_BUFS
             mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
-            if live:
-                _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
-                        GROUP, HEAD_DIM, WARPS)  # fmt: skip
+            if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
+                if live:
+                    _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
+                            GROUP, HEAD_DIM, WARPS)  # fmt: skip
             # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through
             # the arrival below (after every producer thread's stores).
             vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
                 fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
                     fields == 5, n_tiles, kv_head))))))  # fmt: skip
             item_smem.index(b).store(vals)
-            async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
+            if PRODUCER_Q:
+                async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
             thread_barrier()
             mbarrier.arrive(q_ready.index(b), count=1)
             bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
@@ -433,18 +435,30 @@ if gluon is not None:
             fence_async_shared()
 
     @gluon.jit
+    def _row_offsets(row0, q_start, q_len, kv_head, stride_t, stride_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+        """Element offsets of the 64 query (or output) rows from ``row0`` (token-major, ``GROUP`` heads a token), the
+        columns, and which rows hold a token of the sequence. (Computed where used: kept across the KV loop they
+        would take registers the accumulators need at D256.)"""
+        rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+        tok = rows // GROUP
+        off = (q_start + tok).to(gl.int64) * stride_t + (kv_head * GROUP + rows % GROUP) * stride_h
+        return off, gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout)), (tok < q_len)[:, None]
+
+    @gluon.jit
     def _field(vals, fields, k: gl.constexpr):
         """Field ``k`` of an item's description, every thread holding all of them."""
         return gl.sum(gl.where(fields == k, vals, 0), axis=0)
 
     @gluon.jit
-    def _consumer(WG: gl.constexpr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                  k_empty, v_empty, num_items, qk_scale, stride_o_t, stride_o_h, GROUP: gl.constexpr,
-                  HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
-                  IS_CAUSAL: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
+    def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
+                  v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                  GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  GATHER: gl.constexpr):  # fmt: skip
         """One warpgroup over the program's work items, as the producer describes them: rows ``[WG * 64, WG * 64 +
-        64)`` of each item's query tile (``t``: ring positions consumed so far); each q buffer is handed back once
-        the item's products are done."""
+        64)`` of each item's query tile (``t``: ring positions consumed so far), copied by the producer
+        (``PRODUCER_Q``) or loaded here; each q buffer is handed back once the item's products are done."""
         fields_layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [4], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=fields_layout)
         t = 0
@@ -452,27 +466,30 @@ if gluon is not None:
             b = r % Q_BUFS
             # (The q rows were copied with cp.async, through the generic proxy: fenced for the wgmma reads.)
             mbarrier.wait(q_ready.index(b), (r // Q_BUFS) & 1)
-            fence_async_shared()
+            if PRODUCER_Q:
+                fence_async_shared()
             vals = item_smem.index(b).load(fields_layout)
             n_tiles = _field(vals, fields, 5)
             if _field(vals, fields, 0) != 0:
-                _consumer_item(WG, out_ptr, q_smem.index(2 * b + WG), k_smem, v_smem, k_ready, v_ready, k_empty,
-                               v_empty, _field(vals, fields, 1), _field(vals, fields, 2), _field(vals, fields, 3),
-                               _field(vals, fields, 6), _field(vals, fields, 4), t, n_tiles, qk_scale, stride_o_t,
-                               stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, IS_CAUSAL, GATHER)  # fmt: skip
+                _consumer_item(WG, q_ptr, out_ptr, q_smem.index(2 * b + WG), k_smem, v_smem, k_ready, v_ready,
+                               k_empty, v_empty, _field(vals, fields, 1), _field(vals, fields, 2),
+                               _field(vals, fields, 3), _field(vals, fields, 6), _field(vals, fields, 4), t, n_tiles,
+                               qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N,
+                               STAGES, not PRODUCER_Q, IS_CAUSAL, GATHER)  # fmt: skip
             # Every warp of the group is past its products with this q buffer (and its reads of the description).
             thread_barrier()
             mbarrier.arrive(q_empty.index(b), count=1)
             t += n_tiles
 
     @gluon.jit
-    def _consumer_item(WG: gl.constexpr, out_ptr, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, q_start,
-                       q_len, q_block, kv_head, kv_len, t0, n_tiles, qk_scale, stride_o_t, stride_o_h,
-                       GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                       IS_CAUSAL: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """One item's rows ``[WG * 64, WG * 64 + 64)`` of the query tile (in ``q_tile``), online softmax in base 2
-        over its KV tiles in ring positions from ``t0`` on, output normalized and stored. A warpgroup without rows
-        only releases the tiles."""
+    def _consumer_item(WG: gl.constexpr, q_ptr, out_ptr, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
+                       q_start, q_len, q_block, kv_head, kv_len, t0, n_tiles, qk_scale, stride_q_t, stride_q_h,
+                       stride_o_t, stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, LOAD_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                       GATHER: gl.constexpr):  # fmt: skip
+        """One item's rows ``[WG * 64, WG * 64 + 64)`` of the query tile (in ``q_tile``, loaded there first with
+        ``LOAD_Q``), online softmax in base 2 over its KV tiles in ring positions from ``t0`` on, output normalized
+        and stored. A warpgroup without rows only releases the tiles."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -486,6 +503,11 @@ if gluon is not None:
         if first_tok >= q_len:
             _release(k_ready, v_ready, k_empty, v_empty, t0, t0 + n_tiles, STAGES)
         else:
+            if LOAD_Q:
+                q_off, cols, valid = _row_offsets(row0, q_start, q_len, kv_head, stride_q_t, stride_q_h, GROUP,
+                                                  HEAD_DIM, io_layout)  # fmt: skip
+                q_tile.store(gl.load(q_ptr + q_off[:, None] + cols[None, :], mask=valid, other=0.0))
+                fence_async_shared()
             n_full, my_tiles = _row_tiles(row0, q_len, kv_len, n_tiles, GROUP, BLOCK_N, IS_CAUSAL)
             offset = kv_len - q_len
             s_rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
@@ -541,11 +563,9 @@ if gluon is not None:
             inv = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)  # a row with no visible key writes zeros
             acc = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
             o = gl.convert_layout(acc.to(dtype), io_layout)
-            rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, io_layout))
-            cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, io_layout))
-            tok = rows // GROUP
-            o_off = (q_start + tok).to(gl.int64) * stride_o_t + (kv_head * GROUP + rows % GROUP) * stride_o_h
-            gl.store(out_ptr + o_off[:, None] + cols[None, :], o, mask=(tok < q_len)[:, None])
+            o_off, cols, valid = _row_offsets(row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP, HEAD_DIM,
+                                              io_layout)  # fmt: skip
+            gl.store(out_ptr + o_off[:, None] + cols[None, :], o, mask=valid)
 
     # Per-batch values are never specialized (a value of 1 would turn them into constants, and a new batch size
     # into a new compile).
@@ -555,8 +575,8 @@ if gluon is not None:
                            num_items, num_kv_heads, stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
                            stride_k_slot, stride_v_slot, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                            PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr,
-                           Q_BUFS: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_BT_ROWS: gl.constexpr,
-                           GATHER: gl.constexpr):  # fmt: skip
+                           Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                           HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         # A program runs work items (query block, KV head) ``_item`` picks until ``num_items`` are done: one per SM
         # (each takes most of an SM's registers), its producer describing, and copying the query rows and first
         # KV tiles of, the next item while the consumers finish this one.
@@ -574,12 +594,12 @@ if gluon is not None:
         k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # A TMA copy completes its barrier's phase with one arrival and the bytes; gathers, with an arrival from
-        # each gathering thread once its copies land. An item's q buffer: each producer thread's copies, then one
-        # arrival once the description is written; handed back by both consumer warpgroups.
+        # each gathering thread once its copies land. An item's q buffer: each producer thread's copies (where it
+        # copies the rows), then one arrival once the description is written; handed back by both consumers.
         PRODUCER_THREADS: gl.constexpr = 32 * (GATHER_WARPS if GATHER else 1)
         READY: gl.constexpr = PRODUCER_THREADS if GATHER else 1
         for i in gl.static_range(Q_BUFS):
-            mbarrier.init(q_ready.index(i), count=PRODUCER_THREADS + 1)
+            mbarrier.init(q_ready.index(i), count=PRODUCER_THREADS + 1 if PRODUCER_Q else 1)
             mbarrier.init(q_empty.index(i), count=2)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=READY)
@@ -593,18 +613,26 @@ if gluon is not None:
         fence_async_shared()
 
         gl.warp_specialize([
-            (_consumer, (0, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, num_items, qk_scale, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES,
-                         Q_BUFS, IS_CAUSAL, GATHER)),
-            (_consumer, (1, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready, k_empty,
-                         v_empty, num_items, qk_scale, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES,
-                         Q_BUFS, IS_CAUSAL, GATHER)),
+            (_consumer, (0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
+            (_consumer, (1, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
             (_producer, (q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids, q_ready,
                          q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr, block_table_rows_ptr,
                          cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items,
                          num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP,
-                         HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, IS_CAUSAL, HAS_BT_ROWS, GATHER)),
+                         HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS,
+                         GATHER)),
         ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
+
+
+def persistent_ok(q_bufs: int) -> bool:
+    """Whether a launch runs a program per SM, its producer copying the next item's q rows into a second buffer
+    while the consumers finish this item (H100: 4x2k -3%, D64 -5%), rather than a program per item (handed out by
+    the hardware as SMs free up), whose consumers load their own q rows: with one q buffer (D256) the loop cost 5%."""
+    return q_bufs == 2
 
 
 def _device_limits(device: torch.device) -> tuple[int, int]:
@@ -667,15 +695,12 @@ def prepare(
     num_items = (num_tokens // (TILE_ROWS // group) + num_seqs) * num_kv_heads
     sms, shared_limit = _device_limits(q.device)
     q_bufs = q_buffers(head_dim, block_n, stages, shared_limit)
+    persistent = persistent_ok(q_bufs)
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_items,
                num_kv_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
-                      Q_BUFS=q_bufs, IS_CAUSAL=causal,
+                      Q_BUFS=q_bufs, PRODUCER_Q=persistent, IS_CAUSAL=causal,
                       HAS_BT_ROWS=has_rows, num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
-    # A program per SM where the producer copies the next item's q tile into a second buffer and its pages with the
-    # TMA (H100: 4x2k -3%, D64 -5%); elsewhere a program per item, which the hardware hands out as SMs free up
-    # (with one q buffer (D256) or a gathering producer the loop cost 2-6%).
-    persistent = q_bufs == 2 and not copies["GATHER"]
     grid = (min(num_items, sms) if persistent else num_items,)
     return WsLaunch(grid, rows, layout, scalars, constexprs)
