@@ -243,7 +243,8 @@ if gluon is not None:
         fields = gl.arange(0, ITEM_FIELDS, layout=item_layout)
         t = 0
         fixes = 0
-        for r in range(gl.cdiv(num_items, gl.num_programs(0))):
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1  # (the consumers' count)
+        for r in range(rounds):
             item = _item(r, num_items)
             q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = _work(
                 item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
@@ -462,7 +463,10 @@ if gluon is not None:
         fields_layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [4], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=fields_layout)
         t = 0
-        for r in range(gl.cdiv(num_items, gl.num_programs(0))):
+        # (A program per item runs one round, as a constant: a loop's carried state costs the D256 accumulators
+        # registers, 8 -> 48 bytes of spills.)
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1
+        for r in range(rounds):
             b = r % Q_BUFS
             # (The q rows were copied with cp.async, through the generic proxy: fenced for the wgmma reads.)
             mbarrier.wait(q_ready.index(b), (r // Q_BUFS) & 1)
