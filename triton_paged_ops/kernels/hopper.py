@@ -19,8 +19,9 @@ item's sequence, query block and keys, and copies its query rows (``cp.async``) 
 that description, so consumers read an item's description from shared memory and start its products without a
 load of their own, the next item's q tile and first K/V tiles in flight while they finish this one (a profile of
 programs of one item each showed them waiting about a memory latency for their q rows before the first product);
-the ring's slots and phases run on from item to item. Where the second q buffer does not fit (D256) a program
-runs one item, the hardware handing programs out as SMs free up, and its consumers load their own q rows.
+the ring's slots and phases run on from item to item. Where the second q buffer does not fit (D256) or pages are
+gathered a program runs one item, the hardware handing programs out as SMs free up, and its consumers load their
+own q rows.
 
 Scope (the launch planner checks it; every other launch runs the unified kernel): prefill launches of 16-bit
 queries and caches of the same dtype, head dims 64/128/256 (K and V alike), GQA groups dividing 128, pages of any
@@ -632,11 +633,12 @@ if gluon is not None:
         ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
-def persistent_ok(q_bufs: int) -> bool:
+def persistent_ok(q_bufs: int, gather: bool) -> bool:
     """Whether a launch runs a program per SM, its producer copying the next item's q rows into a second buffer
     while the consumers finish this item (H100: 4x2k -3%, D64 -5%), rather than a program per item (handed out by
-    the hardware as SMs free up), whose consumers load their own q rows: with one q buffer (D256) the loop cost 5%."""
-    return q_bufs == 2
+    the hardware as SMs free up), whose consumers load their own q rows: with one q buffer (D256) the loop cost 5%,
+    and pages of 1 (a gathering producer, also copying the q rows) ran 4% slower."""
+    return q_bufs == 2 and not gather
 
 
 def _device_limits(device: torch.device) -> tuple[int, int]:
@@ -699,7 +701,7 @@ def prepare(
     num_items = (num_tokens // (TILE_ROWS // group) + num_seqs) * num_kv_heads
     sms, shared_limit = _device_limits(q.device)
     q_bufs = q_buffers(head_dim, block_n, stages, shared_limit)
-    persistent = persistent_ok(q_bufs)
+    persistent = persistent_ok(q_bufs, copies["GATHER"])
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_items,
                num_kv_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
