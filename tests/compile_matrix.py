@@ -156,8 +156,9 @@ def gluon_forms() -> list[dict]:
     rows = []
     forms = [(64, 128, 16), (128, 128, 16), (256, 64, 32), (64, 128, 1), (128, 128, 1), (256, 64, 1)]
     for head_dim, block_n, page_size in forms:
-        q_bufs = hopper.q_buffers(head_dim, block_n, 2, posing.H100.shared)
-        producer_q = hopper.persistent_ok(q_bufs, page_size == 1)  # (as ``prepare`` sets it)
+        # (As ``prepare`` sets them.)
+        producer_q = hopper.persistent_ok(hopper.q_buffers(head_dim, block_n, 2, posing.H100.shared), page_size == 1)
+        q_bufs = 2 if producer_q else 1
         compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
                                       **hopper.copy_constexprs(page_size, block_n), STAGES=2, Q_BUFS=q_bufs,
                                       PRODUCER_Q=producer_q, IS_CAUSAL=True, HAS_BT_ROWS=False))  # fmt: skip

@@ -700,8 +700,8 @@ def prepare(
     dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
     num_items = (num_tokens // (TILE_ROWS // group) + num_seqs) * num_kv_heads
     sms, shared_limit = _device_limits(q.device)
-    q_bufs = q_buffers(head_dim, block_n, stages, shared_limit)
-    persistent = persistent_ok(q_bufs, copies["GATHER"])
+    persistent = persistent_ok(q_buffers(head_dim, block_n, stages, shared_limit), copies["GATHER"])
+    q_bufs = 2 if persistent else 1  # (a program of one item has no next item's rows to copy)
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_items,
                num_kv_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
