@@ -156,9 +156,7 @@ def gluon_forms() -> list[dict]:
     rows = []
     forms = [(64, 128, 16), (128, 128, 16), (256, 64, 32), (64, 128, 1), (128, 128, 1), (256, 64, 1)]
     for head_dim, block_n, page_size in forms:
-        # (As ``prepare`` sets them.)
-        producer_q = hopper.persistent_ok(hopper.q_buffers(head_dim, block_n, 2, posing.H100.shared), page_size == 1)
-        q_bufs = 2 if producer_q else 1
+        q_bufs, producer_q = hopper.program_form(head_dim, block_n, 2, posing.H100.shared, page_size == 1)
         compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
                                       **hopper.copy_constexprs(page_size, block_n), STAGES=2, Q_BUFS=q_bufs,
                                       PRODUCER_Q=producer_q, IS_CAUSAL=True, HAS_BT_ROWS=False))  # fmt: skip
@@ -171,8 +169,9 @@ def gluon_forms() -> list[dict]:
     return rows
 
 
-def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
-    """The warp-specialized prefill kernel, compiled for each (shape, tiles) the posed sm_90 GPU launches it with."""
+def _gluon(lps: list[tuple[str, planning.LaunchPlan]], shared: int) -> list[dict]:
+    """The warp-specialized prefill kernel, compiled for each (shape, tiles) the posed sm_90 GPU (``shared`` bytes
+    of shared memory a program) launches it with."""
     if hopper.gluon is None:
         return []
     done, results = set(), []
@@ -182,8 +181,10 @@ def _gluon(lps: list[tuple[str, planning.LaunchPlan]]) -> list[dict]:
         model = MODELS[name.split()[0]]
         block_n, stages = lp.ws
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
+        copies = hopper.copy_constexprs(page_size, block_n)
+        q_bufs, per_sm = hopper.program_form(head_dim, block_n, stages, shared, copies["GATHER"])
         constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
-                          BLOCK_N=block_n, **hopper.copy_constexprs(page_size, block_n), STAGES=stages, IS_CAUSAL=True,
+                          BLOCK_N=block_n, **copies, STAGES=stages, Q_BUFS=q_bufs, PRODUCER_Q=per_sm, IS_CAUSAL=True,
                           HAS_BT_ROWS=False)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:
@@ -225,7 +226,7 @@ def compile_target(target: str, models: list[str]) -> list[dict]:
                     reduces.add(key)
                     results.append(_reduce(name, lp, SERVING["dtype"], model["head_dim"], model["num_q_heads"]))
         if gpu.capability == "9.0":
-            results += _gluon(lps)
+            results += _gluon(lps, gpu.shared)
     limit = gpu.shared
     return [r | {"target": target, "limit": limit} for r in results]
 

@@ -641,6 +641,13 @@ def persistent_ok(q_bufs: int, gather: bool) -> bool:
     return q_bufs == 2 and not gather
 
 
+def program_form(head_dim: int, block_n: int, stages: int, shared_limit: int, gather: bool) -> tuple[int, bool]:
+    """(q buffers, whether a program per SM runs items in a loop, its producer copying their q rows) of a launch;
+    a program of one item holds one q buffer."""
+    per_sm = persistent_ok(q_buffers(head_dim, block_n, stages, shared_limit), gather)
+    return (2 if per_sm else 1), per_sm
+
+
 def _device_limits(device: torch.device) -> tuple[int, int]:
     """(SMs, shared memory bytes a program may use) of a CUDA device."""
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -700,8 +707,7 @@ def prepare(
     dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
     num_items = (num_tokens // (TILE_ROWS // group) + num_seqs) * num_kv_heads
     sms, shared_limit = _device_limits(q.device)
-    persistent = persistent_ok(q_buffers(head_dim, block_n, stages, shared_limit), copies["GATHER"])
-    q_bufs = 2 if persistent else 1  # (a program of one item has no next item's rows to copy)
+    q_bufs, persistent = program_form(head_dim, block_n, stages, shared_limit, copies["GATHER"])
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_items,
                num_kv_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
