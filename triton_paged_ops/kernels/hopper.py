@@ -59,6 +59,8 @@ try:
     # A TMA copy of a block into shared memory (``async_copy_global_to_shared`` up to 3.7, ``async_load`` from 3.8 on;
     # 3.9 keeps the old name only to raise).
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    # A ``cp.async`` copy into shared memory (the same renaming, in the Ampere module).
+    cp_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 except ImportError:  # a Triton without Gluon's Hopper API: the unified kernel runs everything
     gluon = None
 
@@ -222,9 +224,11 @@ if gluon is not None:
                 off = (q_start + tok).to(gl.int64) * stride_q_t + (kv_head * GROUP + rows % GROUP) * stride_q_h
                 # (Rows start 16 bytes apart, ``q_layout_ok``: the copies move 16 bytes each.)
                 off = gl.multiple_of(off, 8)
-                async_copy.async_copy_global_to_shared(q_smem.index(2 * b + wg).slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
-                                                       q_ptr + off[:, None] + cols[None, :],
-                                                       mask=(tok < q_len)[:, None])  # fmt: skip
+                cp_async_load(
+                    q_smem.index(2 * b + wg).slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
+                    q_ptr + off[:, None] + cols[None, :],
+                    mask=(tok < q_len)[:, None],
+                )
 
     @gluon.jit
     def _producer(q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids, q_ready, q_empty,
@@ -336,10 +340,11 @@ if gluon is not None:
             # Slot ids and strides are non-negative: an unsigned 32 x 32 -> 64-bit product (one multiply-add).
             off = ids.to(gl.uint32).to(gl.uint64) * stride_slot.to(gl.uint32).to(gl.uint64)
             # (Row starts are 16-byte aligned, ``layout_ok``: the copies move 16 bytes each.)
-            rows = cache_ptr + kv_col + gl.multiple_of(off.to(gl.int64, bitcast=True), 8)
-            async_copy.async_copy_global_to_shared(slot.slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
-                                                   rows[:, None] + cols[None, :],
-                                                   mask=(keys < kv_len)[:, None])  # fmt: skip
+            # (kv_col is a head's first column: a multiple of D as well.)
+            rows = cache_ptr + gl.multiple_of(kv_col + off.to(gl.int64, bitcast=True), 8)
+            cp_async_load(
+                slot.slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE), rows[:, None] + cols[None, :], mask=(keys < kv_len)[:, None]
+            )
 
     @gluon.jit
     def _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len,
