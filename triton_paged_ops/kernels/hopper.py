@@ -638,18 +638,13 @@ if gluon is not None:
         ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
-def persistent_ok(q_bufs: int, gather: bool) -> bool:
-    """Whether a launch runs a program per SM, its producer copying the next item's q rows into a second buffer
-    while the consumers finish this item (H100: 4x2k -3%, D64 -5%), rather than a program per item (handed out by
-    the hardware as SMs free up), whose consumers load their own q rows: with one q buffer (D256) the loop cost 5%,
-    and pages of 1 (a gathering producer, also copying the q rows) ran 4% slower."""
-    return q_bufs == 2 and not gather
-
-
 def program_form(head_dim: int, block_n: int, stages: int, shared_limit: int, gather: bool) -> tuple[int, bool]:
-    """(q buffers, whether a program per SM runs items in a loop, its producer copying their q rows) of a launch;
-    a program of one item holds one q buffer."""
-    per_sm = persistent_ok(q_buffers(head_dim, block_n, stages, shared_limit), gather)
+    """(q buffers, whether a program per SM runs items in a loop, its producer copying the next item's q rows into
+    a second buffer while the consumers finish this item) of a launch. A program per SM where two q buffers fit
+    and pages come by TMA (H100: 4x2k -3%, D64 -5%); else a program per item (handed out by the hardware as SMs
+    free up), whose consumers load their own q rows into its one buffer: with one q buffer (D256) the loop cost
+    5%, and pages of 1 (a gathering producer also copying the q rows) ran 4% slower."""
+    per_sm = q_buffers(head_dim, block_n, stages, shared_limit) == 2 and not gather
     return (2 if per_sm else 1), per_sm
 
 
