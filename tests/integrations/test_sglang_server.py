@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -37,6 +38,7 @@ if _missing:
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 300
+_START_ATTEMPTS = 3  # a server whose port was taken before it listened starts again on another
 NEW_TOKENS = 12
 CHUNK = 64  # --chunked-prefill-size: prompts longer than this are prefilled in chunks
 
@@ -125,14 +127,28 @@ INTERPRETED = ("page16", ("plain", "prefix", "long"))
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
+    """A free port under the kernel's ephemeral range and outside the one SGLang draws its own ports from
+    (22000-29999): a port from ``bind(0)`` can be handed again as the source port of any outgoing connection (the
+    server's own start-up connects to its process-group store) before the server listens on it."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = range(12000, min(22000, ephemeral_low))
+    for port in random.sample(candidates, min(64, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # (a machine whose ephemeral range starts low: the retry in Server covers it)
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 class Server:
     def __init__(self, setup: Setup, backend: str, interpret: bool, log: Path):
-        self.port = _free_port()
         self.log = log
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env["SGLANG_USE_CPU_ENGINE"] = "1"
@@ -141,27 +157,36 @@ class Server:
         if importlib.util.find_spec("sgl_kernel") is None:
             # SGLang's CPU path imports names from its CUDA kernel package at module level and calls none of them.
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / ".ci" / "gpu-stubs"), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(_model(setup.model)),
-               "--skip-tokenizer-init", "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
-               "--max-total-tokens", "4096", "--chunked-prefill-size", str(CHUNK),
-               "--page-size", str(setup.page_size), "--attention-backend", backend,
-               "--host", "127.0.0.1", "--port", str(self.port), *setup.flags]  # fmt: skip
-        self._out = open(log, "w")  # noqa: SIM115  (the server's output until stop())
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(_START_ATTEMPTS):
+            self.port = _free_port()
+            cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(_model(setup.model)),
+                   "--skip-tokenizer-init", "--device", "cpu", "--dtype", "float32", "--disable-cuda-graph",
+                   "--max-total-tokens", "4096", "--chunked-prefill-size", str(CHUNK),
+                   "--page-size", str(setup.page_size), "--attention-backend", backend,
+                   "--host", "127.0.0.1", "--port", str(self.port), *setup.flags]  # fmt: skip
+            self._out = open(log, "w")  # noqa: SIM115  (the server's output until stop())
+            self.proc = subprocess.Popen(cmd, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)  # fmt: skip
+            try:
+                if self._wait_ready(last=attempt == _START_ATTEMPTS - 1):
+                    return
+            except BaseException:
+                self.stop()
+                raise
+            self.stop()  # the port was taken between the choice and the bind: again on another one
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, last: bool) -> bool:
+        """True once the server answers; False where it could not listen on its port (and ``last`` is false)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            if "The server is fired up" in self.text():
-                return
+            text = self.text()
+            if "The server is fired up" in text:
+                return True
+            if not last and "address already in use" in text:
+                return False
             if self.proc.poll() is not None:
                 pytest.fail(f"server exited with {self.proc.returncode} at start-up:\n{self.text()[-6000:]}")
             time.sleep(0.5)
@@ -296,3 +321,21 @@ def test_window_and_soft_cap_change_the_gemma_tokens(change):
     results = {s: _run(model, s) for s in SETUPS["gemma2-window-softcap"].scenarios}
     expected = _served("gemma2-window-softcap", "transformers")[0]
     assert any(results[s][k][0] != v[0] for s in results for k, v in expected[s].items())
+
+
+def test_a_server_whose_port_is_taken_starts_on_another(monkeypatch, tmp_path):
+    """The start-up retry: the first port chosen is held by a listening socket (as when another process took it
+    between the choice and the server's bind); the server starts again on the next one and answers there."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        ports = iter([taken])
+        free_port = _free_port
+        monkeypatch.setattr(sys.modules[__name__], "_free_port", lambda: next(ports, None) or free_port())
+        server = Server(SETUPS["page16"], "torch_native", False, tmp_path / "server.log")
+        try:
+            assert server.port != taken
+            assert len(server.generate(_prompt(2, 20), 2)["output_ids"]) == 2
+        finally:
+            server.stop()
