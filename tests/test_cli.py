@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -226,6 +228,59 @@ def test_ab_benchmark_arguments_cases_and_table(capsys, monkeypatch):
     assert {c.dtype for c in halves} == {torch.float16}
     assert [c.cache_dtype for c in halves] == [c.cache_dtype for c in decode]
     assert any(c.cache_dtype == torch.float8_e4m3fn for c in halves)
+
+
+_STUB_MAIN = """
+import json, sys
+from pathlib import Path
+here = Path(__file__).resolve().parent
+count = here / "runs"
+n = int(count.read_text()) if count.exists() else 0
+count.write_text(str(n + 1))
+args = sys.argv[1:]
+assert args[:5] == ["bench", "--suite", "prefill", "--no-sdpa", "--out"], args
+assert args[6:] == ["--only", "c1", "c2"], args
+base, step = {BASE}, {STEP}
+recs = [{{"case": "c1", "provider": "tpa", "us": base + step * n, "rel_err": 1e-3}},
+        {{"case": "c1", "provider": "sdpa_cudnn", "us": 1.0}},
+        {{"case": "c2", "provider": "tpa", "us": 2 * base, "rel_err": 2e-3}}]
+Path(args[5]).write_text(json.dumps({{"gpu": "stub", "records": recs}}))
+"""
+
+
+def test_tree_benchmark_alternates_checkouts_each_with_its_own_package(tmp_path, capsys):
+    """``benchmarks.trees``: every round runs each checkout in turn, each importing its own package (stub packages
+    that count their runs here), ceilings left out; per case each tree's median over its rounds and the ratio to
+    the first tree's. Bad ``--tree`` values are usage errors naming them."""
+    from benchmarks import trees
+
+    for name, base, step in (("old", 100.0, 10.0), ("new", 90.0, -10.0)):
+        pkg = tmp_path / name / "triton_paged_ops"
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "__main__.py").write_text(_STUB_MAIN.format(BASE=base, STEP=step))
+    for bad, msg in ((["--tree", "old"], "LABEL=DIR"), (["--tree", f"x={tmp_path}"], "no triton_paged_ops"),
+                     (["--tree", f"a={tmp_path / 'old'}"], "at least two"),
+                     (["--tree", f"a={tmp_path / 'old'}", "--tree", f"b={tmp_path / 'new'}", "--rounds", "0"],
+                      "--rounds")):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            trees.main(bad)
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
+    out = tmp_path / "ab.json"
+    argv = ["--tree", f"main={tmp_path / 'old'}", "--tree", f"cand={tmp_path / 'new'}", "--rounds", "3",
+            "--only", "c1", "c2", "--out", str(out)]  # fmt: skip
+    assert trees.main(argv) == 0
+    result = json.loads(out.read_text())
+    # (Each stub's times tell its runs apart: old 100, 110, 120; new 90, 80, 70.)
+    assert [(r["tree"], r["round"], r["us"]) for r in result["rows"] if r["case"] == "c1"] == [
+        ("main", 0, 100.0), ("cand", 0, 90.0), ("main", 1, 110.0), ("cand", 1, 80.0), ("main", 2, 120.0),
+        ("cand", 2, 70.0)]  # fmt: skip
+    assert {r["case"] for r in result["rows"]} == {"c1", "c2"}
+    c1 = next(s for s in result["summary"] if s["case"] == "c1")
+    assert c1["median_us"] == {"main": 110.0, "cand": 80.0}
+    assert c1["vs_first"]["cand"] == pytest.approx(80.0 / 110.0)
+    assert result["trees"] == ["main", "cand"] and result["command"].startswith("python -m benchmarks.trees")
+    assert "80.0 (0.727)" in capsys.readouterr().out
 
 
 def test_overhead_rounds_give_each_timing_its_median_and_keep_every_round():
