@@ -5,7 +5,8 @@
 each checkout's own package. Here every round runs ``python -m triton_paged_ops bench --suite S --no-sdpa`` in each
 checkout in turn (its own process, the checkout first on the import path), so two versions of a kernel alternate on
 one device and drift shows across rounds. Writes every (tree, round, case) time and error, and per case each tree's
-median over the rounds and its ratio to the first tree's.
+median over the rounds and its ratio to the first tree's. A run that fails or outlasts ``--timeout`` seconds is
+recorded (``failures``) and the others go on.
 """
 
 from __future__ import annotations
@@ -36,15 +37,22 @@ def parse_tree(p: argparse.ArgumentParser, text: str) -> tuple[str, Path]:
     return label, path
 
 
-def bench_in(directory: Path, suite: str, only: list[str] | None, python: str = sys.executable) -> dict:
-    """The suite's JSON result from ``directory``'s own package (a fresh process whose import path starts there)."""
+def bench_in(directory: Path, suite: str, only: list[str] | None, timeout: float | None = None,
+             python: str = sys.executable) -> dict | str:  # fmt: skip
+    """The suite's JSON result from ``directory``'s own package (a fresh process whose import path starts there),
+    or why there is none (exit status or timeout)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [python, "-m", "triton_paged_ops", "bench", "--suite", suite, "--no-sdpa", "--out", str(out)]
         if only:
             cmd += ["--only", *only]
         path = os.pathsep.join(filter(None, [str(directory), os.environ.get("PYTHONPATH")]))
-        subprocess.run(cmd, cwd=directory, env={**os.environ, "PYTHONPATH": path}, check=True)
+        try:
+            done = subprocess.run(cmd, cwd=directory, env={**os.environ, "PYTHONPATH": path}, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"no result after {timeout} s"
+        if done.returncode != 0 or not out.exists():
+            return f"exit status {done.returncode}"
         return json.loads(out.read_text())
 
 
@@ -91,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", choices=sorted(SUITES), default="prefill", help="whose cases (default prefill)")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name contains one of these")
     p.add_argument("--rounds", type=int, default=2, help="times every tree runs the cases (default 2)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds a tree's run may take (default: no limit)")
     p.add_argument("--out", default="tpa_trees.json", help="JSON file to write ('' for none)")
     args = p.parse_args(argv)
     trees = [parse_tree(p, t) for t in args.tree]
@@ -98,14 +107,19 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give at least two --tree")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
-    results = [(label, r, bench_in(path, args.suite, args.only)) for r in range(args.rounds) for label, path in trees]
+    runs = [(label, r, bench_in(path, args.suite, args.only, args.timeout)) for r in range(args.rounds)
+            for label, path in trees]  # fmt: skip
+    results = [run for run in runs if isinstance(run[2], dict)]
+    failures = [{"tree": label, "round": r, "why": why} for label, r, why in runs if not isinstance(why, dict)]
     rows, summary = collect(results)
-    first = results[0][2]
+    first = results[0][2] if results else {}
     result = {"gpu": first.get("gpu"), "torch": first.get("torch"), "triton": first.get("triton"),
               "date": first.get("date"), "suite": args.suite, "rounds": args.rounds,
-              "trees": [label for label, _ in trees], "summary": summary, "rows": rows}  # fmt: skip
-    finish(result, render(summary), args.out, "benchmarks.trees", argv)
-    return 0
+              "trees": [label for label, _ in trees], "summary": summary, "rows": rows,
+              "failures": failures}  # fmt: skip
+    text = render(summary) + "".join(f"\n{f['tree']} round {f['round']}: {f['why']}" for f in failures)
+    finish(result, text, args.out, "benchmarks.trees", argv)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -251,7 +251,8 @@ Path(args[5]).write_text(json.dumps({{"gpu": "stub", "records": recs}}))
 def test_tree_benchmark_alternates_checkouts_each_with_its_own_package(tmp_path, capsys):
     """``benchmarks.trees``: every round runs each checkout in turn, each importing its own package (stub packages
     that count their runs here), ceilings left out; per case each tree's median over its rounds and the ratio to
-    the first tree's. Bad ``--tree`` values are usage errors naming them."""
+    the first tree's; a run that fails or outlasts ``--timeout`` is recorded and the others go on (exit status 1).
+    Bad ``--tree`` values are usage errors naming them."""
     from benchmarks import trees
 
     for name, base, step in (("old", 100.0, 10.0), ("new", 90.0, -10.0)):
@@ -259,6 +260,10 @@ def test_tree_benchmark_alternates_checkouts_each_with_its_own_package(tmp_path,
         pkg.mkdir(parents=True)
         (pkg / "__init__.py").write_text("")
         (pkg / "__main__.py").write_text(_STUB_MAIN.format(BASE=base, STEP=step))
+    for name, body in (("broken", "raise SystemExit(3)"), ("stuck", "import time; time.sleep(60)")):
+        (tmp_path / name / "triton_paged_ops").mkdir(parents=True)
+        (tmp_path / name / "triton_paged_ops" / "__init__.py").write_text("")
+        (tmp_path / name / "triton_paged_ops" / "__main__.py").write_text(body)
     for bad, msg in ((["--tree", "old"], "LABEL=DIR"), (["--tree", f"x={tmp_path}"], "no triton_paged_ops"),
                      (["--tree", f"a={tmp_path / 'old'}"], "at least two"),
                      (["--tree", f"a={tmp_path / 'old'}", "--tree", f"b={tmp_path / 'new'}", "--rounds", "0"],
@@ -280,7 +285,16 @@ def test_tree_benchmark_alternates_checkouts_each_with_its_own_package(tmp_path,
     assert c1["median_us"] == {"main": 110.0, "cand": 80.0}
     assert c1["vs_first"]["cand"] == pytest.approx(80.0 / 110.0)
     assert result["trees"] == ["main", "cand"] and result["command"].startswith("python -m benchmarks.trees")
-    assert "80.0 (0.727)" in capsys.readouterr().out
+    assert "80.0 (0.727)" in capsys.readouterr().out and result["failures"] == []
+
+    argv = ["--tree", f"main={tmp_path / 'old'}", "--tree", f"bad={tmp_path / 'broken'}", "--tree",
+            f"slow={tmp_path / 'stuck'}", "--rounds", "1", "--only", "c1", "c2", "--timeout", "5",
+            "--out", str(out)]  # fmt: skip
+    assert trees.main(argv) == 1
+    result = json.loads(out.read_text())
+    assert result["failures"] == [{"tree": "bad", "round": 0, "why": "exit status 3"},
+                                  {"tree": "slow", "round": 0, "why": "no result after 5.0 s"}]  # fmt: skip
+    assert {r["tree"] for r in result["rows"]} == {"main"}
 
 
 def test_overhead_rounds_give_each_timing_its_median_and_keep_every_round():
