@@ -302,8 +302,8 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     assert got["k_ptr"] is k_cache and got["v_ptr"] is v_cache
     assert got["stride_k_slot"] == got["stride_v_slot"] == 512
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, Q_BUFS=2,
-                      PRODUCER_Q=True, IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, PINGPONG=True,
-                      num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      PRODUCER_Q=True, IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, num_warps=4,
+                      enable_fp_fusion=True)  # fmt: skip
 
     one = combined.view(320, 1, 2, 2, 128)  # the same slots as pages of 1
     p = hopper.prepare(q, one[:, :, 0], block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,

@@ -442,37 +442,6 @@ if gluon is not None:
             fence_async_shared()
 
     @gluon.jit
-    def _named_barrier(ASM: gl.constexpr):
-        """``bar.sync`` / ``bar.arrive`` on a named barrier by every thread of the calling warpgroup."""
-        x = gl.arange(0, 128, layout=gl.BlockedLayout([1], [32], [4], [0]))  # one element (one instruction) a thread
-        gl.inline_asm_elementwise(ASM + " mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _take_turn(WG: gl.constexpr):
-        """Waits for warpgroup ``WG``'s next turn: named barrier ``14 + WG`` completes with this warpgroup's 128
-        threads and the other's 128 arrivals (``_hand_on``; for warpgroup 0's first turn, its own). (Triton's own
-        named barriers, one per partition, take the lowest ids.)"""
-        if WG == 0:
-            _named_barrier("bar.sync 14, 256;")
-        else:
-            _named_barrier("bar.sync 15, 256;")
-
-    @gluon.jit
-    def _hand_on(WG: gl.constexpr):
-        """Ends warpgroup ``WG``'s turn: the other warpgroup's may start."""
-        if WG == 0:
-            _named_barrier("bar.arrive 15, 256;")
-        else:
-            _named_barrier("bar.arrive 14, 256;")
-
-    @gluon.jit
-    def _pass_turns(first, end, WG: gl.constexpr):
-        """Turns ``[first, end)`` of an item taken and handed on at once (tiles this warpgroup has no rows for)."""
-        for _ in range(first, end):
-            _take_turn(WG)
-            _hand_on(WG)
-
-    @gluon.jit
     def _row_offsets(row0, q_start, q_len, kv_head, stride_t, stride_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                      layout: gl.constexpr):  # fmt: skip
         """Element offsets of the 64 query (or output) rows from ``row0`` (token-major, ``GROUP`` heads a token), the
@@ -492,17 +461,14 @@ if gluon is not None:
     def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
                   v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                   GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr, GATHER: gl.constexpr,
-                  PINGPONG: gl.constexpr):  # fmt: skip
+                  Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                  GATHER: gl.constexpr):  # fmt: skip
         """One warpgroup over the program's work items, as the producer describes them: rows ``[WG * 64, WG * 64 +
         64)`` of each item's query tile (``t``: ring positions consumed so far), copied by the producer
         (``PRODUCER_Q``) or loaded here; each q buffer is handed back once the item's products are done."""
         fields_layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [4], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=fields_layout)
         t = 0
-        if PINGPONG:  # noqa: SIM102
-            if WG == 0:
-                _hand_on(1)  # warpgroup 0 takes the first turn
         # (A program per item runs one round, as a constant: a loop's carried state costs the D256 accumulators
         # registers, 8 -> 48 bytes of spills.)
         rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1
@@ -514,16 +480,12 @@ if gluon is not None:
                 fence_async_shared()
             vals = item_smem.index(b).load(fields_layout)
             n_tiles = _field(vals, fields, 5)
-            q_len = _field(vals, fields, 2)
-            q_block = _field(vals, fields, 3)
-            # Both warpgroups hold rows of the item (not a one-token sequence's): they take turns (PINGPONG).
-            paired = (q_block * BLOCK_M + ROWS) // GROUP < q_len
             if _field(vals, fields, 0) != 0:
                 _consumer_item(WG, q_ptr, out_ptr, q_smem.index(2 * b + WG), k_smem, v_smem, k_ready, v_ready,
-                               k_empty, v_empty, _field(vals, fields, 1), q_len, q_block, _field(vals, fields, 6),
-                               _field(vals, fields, 4), t, n_tiles, paired, qk_scale,
-                               stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES,
-                               not PRODUCER_Q, IS_CAUSAL, GATHER, PINGPONG)  # fmt: skip
+                               k_empty, v_empty, _field(vals, fields, 1), _field(vals, fields, 2),
+                               _field(vals, fields, 3), _field(vals, fields, 6), _field(vals, fields, 4), t, n_tiles,
+                               qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N,
+                               STAGES, not PRODUCER_Q, IS_CAUSAL, GATHER)  # fmt: skip
             # Every warp of the group is past its products with this q buffer (and its reads of the description).
             thread_barrier()
             mbarrier.arrive(q_empty.index(b), count=1)
@@ -531,19 +493,13 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer_item(WG: gl.constexpr, q_ptr, out_ptr, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
-                       q_start, q_len, q_block, kv_head, kv_len, t0, n_tiles, paired, qk_scale, stride_q_t,
-                       stride_q_h, stride_o_t, stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
-                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, LOAD_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       GATHER: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                       q_start, q_len, q_block, kv_head, kv_len, t0, n_tiles, qk_scale, stride_q_t, stride_q_h,
+                       stride_o_t, stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, LOAD_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                       GATHER: gl.constexpr):  # fmt: skip
         """One item's rows ``[WG * 64, WG * 64 + 64)`` of the query tile (in ``q_tile``, loaded there first with
         ``LOAD_Q``), online softmax in base 2 over its KV tiles in ring positions from ``t0`` on, output normalized
-        and stored. A warpgroup without rows only releases the tiles.
-
-        ``PINGPONG``: where both warpgroups hold rows (``paired``), they take turns issuing a tile's products, so
-        that one's softmax runs while the other's products hold the tensor cores
-        (FlashAttention-3's ping-pong). Such an item is ``n_tiles - 1`` turns in each warpgroup, one per tile after
-        the first; a warpgroup with fewer tiles (rows before the causal diagonal's last tile) passes its remaining
-        turns on at once."""
+        and stored. A warpgroup without rows only releases the tiles."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -590,15 +546,9 @@ if gluon is not None:
                 sp = (g - 1) % STAGES
                 _ready(v_ready.index(sp), ((g - 1) // STAGES) & 1, GATHER)  # (one fence for both slots)
                 k_tile = k_smem.index(s)
-                if PINGPONG:  # noqa: SIM102 (a compile-time test, then a run-time one)
-                    if paired:
-                        _take_turn(WG)
                 qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
                 v_tile = v_smem.index(sp)
                 acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-                if PINGPONG:  # noqa: SIM102
-                    if paired:
-                        _hand_on(WG)
                 qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
                 thread_barrier()
                 mbarrier.arrive(k_empty.index(s), count=1)
@@ -609,9 +559,6 @@ if gluon is not None:
                 # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
                 acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
-            if PINGPONG:  # noqa: SIM102
-                if paired:
-                    _pass_turns(gl.maximum(my_tiles - 1, 0), n_tiles - 1, WG)
             if my_tiles > 0:
                 last = t0 + my_tiles - 1
                 _ready(v_ready.index(last % STAGES), (last // STAGES) & 1, GATHER)
@@ -639,7 +586,7 @@ if gluon is not None:
                            stride_k_slot, stride_v_slot, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                            PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr,
                            Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                           HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                           HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         # A program runs work items (query block, KV head) ``_item`` picks until ``num_items`` are done: one per SM
         # (each takes most of an SM's registers), its producer describing, and copying the query rows and first
         # KV tiles of, the next item while the consumers finish this one.
@@ -678,10 +625,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                          k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, PINGPONG)),
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
             (_consumer, (1, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
                          k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, PINGPONG)),
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
             (_producer, (q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids, q_ready,
                          q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr, block_table_rows_ptr,
                          cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items,
@@ -699,13 +646,6 @@ def program_form(head_dim: int, block_n: int, stages: int, shared_limit: int, ga
     5%, and pages of 1 (a gathering producer also copying the q rows) ran 4% slower."""
     per_sm = q_buffers(head_dim, block_n, stages, shared_limit) == 2 and not gather
     return (2 if per_sm else 1), per_sm
-
-
-def pingpong(head_dim: int) -> bool:
-    """Whether the consumer warpgroups take turns issuing their products (``PINGPONG``): at head dims up to 128,
-    where a tile's softmax is long beside its products (at D256 the products are twice as long and the two
-    warpgroups' registers leave no slack for the wait)."""
-    return head_dim <= 128
 
 
 def _device_limits(device: torch.device) -> tuple[int, int]:
@@ -771,8 +711,8 @@ def prepare(
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_items,
                num_kv_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
-                      Q_BUFS=q_bufs, PRODUCER_Q=persistent, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows,
-                      PINGPONG=pingpong(head_dim), num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      Q_BUFS=q_bufs, PRODUCER_Q=persistent, IS_CAUSAL=causal,
+                      HAS_BT_ROWS=has_rows, num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (min(num_items, sms) if persistent else num_items,)
     return WsLaunch(grid, rows, layout, scalars, constexprs)
