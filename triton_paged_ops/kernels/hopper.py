@@ -79,8 +79,6 @@ PRODUCER_REGS = triton.language.constexpr(64)
 GATHER_WARPS = triton.language.constexpr(4)
 GATHER_REGS = triton.language.constexpr(40)
 ITEM_FIELDS = triton.language.constexpr(8)  # an item's description, producer to consumers (7 used)
-# How far (base 2) a row's max may pass the softmax's reference before it moves (``_softmax_step``).
-LAZY = triton.language.constexpr(8.0)
 
 
 def available(device_index: int | None) -> bool:
@@ -394,33 +392,19 @@ if gluon is not None:
         return qk
 
     @gluon.jit
-    def _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr,
-                      LAZY_ON: gl.constexpr):  # fmt: skip
-        """Online softmax in base 2 over tile ``j``'s scores: (probabilities relative to the running reference max,
-        the factor that moves earlier sums to a new reference, whether the reference moved, the reference, new row
-        sums). Tiles from ``n_full`` on are masked.
-
-        ``LAZY_ON``: the reference moves only once some row's max passes it by more than ``LAZY`` (every row's then
-        moves to its max): until then probabilities stay below ``2**LAZY`` (exact enough in the fp32 sums and as
-        16-bit P), the factor is 1 and the accumulator needs no multiply (``moved`` false). Else it moves every
-        tile. (At D256 the flag and the kept maxima cost the accumulators' registers: 4 -> 80 bytes of spills.)"""
+    def _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N: gl.constexpr):
+        """Online softmax in base 2 over tile ``j``'s scores: (probabilities relative to the new running max, the
+        factor that moves earlier sums to it, new max, new row sums). Tiles from ``n_full`` on are masked."""
         qk = qk * qk_scale
         if j >= n_full:
             keys = j * BLOCK_N + s_cols
             qk = gl.where(keys[None, :] < s_limit[:, None], qk, float("-inf"))
-        m_tile = gl.max(qk, 1)
-        # (A row with no key yet, and none here, does not count: -inf - -inf would be NaN.)
-        if LAZY_ON:
-            moved = gl.max(gl.where(m_tile > m_i, m_tile - m_i, 0.0), 0) > LAZY
-            m_new = gl.where(moved, gl.maximum(m_i, m_tile), m_i)
-        else:
-            moved = True
-            m_new = gl.maximum(m_i, m_tile)
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
         # Rows that have seen no key yet keep a finite reference (exp2(-inf - -inf) would be NaN).
         m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_ref)
         p = gl.exp2(qk - m_ref[:, None])
-        return p, alpha, moved, m_new, l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
 
     @gluon.jit
     def _release(k_ready, v_ready, k_empty, v_empty, first, end, STAGES: gl.constexpr):
@@ -553,8 +537,7 @@ if gluon is not None:
             if my_tiles > 0:
                 _ready(k_ready.index(t0 % STAGES), (t0 // STAGES) & 1, GATHER)
                 qk = _scores(q_tile, k_smem, k_empty, zero_s, t0, STAGES)
-                p, alpha, moved, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale,
-                                                          BLOCK_N, HEAD_DIM <= 128)  # fmt: skip
+                p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, my_tiles):
                 g = t0 + j
@@ -569,15 +552,12 @@ if gluon is not None:
                 qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
                 thread_barrier()
                 mbarrier.arrive(k_empty.index(s), count=1)
-                p, alpha, moved, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale,
-                                                          BLOCK_N, HEAD_DIM <= 128)  # fmt: skip
+                p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
                 acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
                 thread_barrier()
                 mbarrier.arrive(v_empty.index(sp), count=1)
-                # (acc now holds every tile up to j-1, relative to the reference before tile j's: rescaled where
-                # it moved.)
-                if moved:
-                    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
                 p_op = gl.convert_layout(p.to(dtype), p_layout)
             if my_tiles > 0:
                 last = t0 + my_tiles - 1
