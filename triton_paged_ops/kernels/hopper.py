@@ -74,10 +74,6 @@ HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = triton.language.constexpr(232)
 PRODUCER_REGS = triton.language.constexpr(64)
-# Up to D128 the TMA warp needs no more than 32 (D256's tail fix-up holds 64 values a thread): the consumers then
-# get 240 and 232 (Triton gives the first, the default partition, what the others leave), against 232 and 208.
-CONSUMER_REGS_NARROW = triton.language.constexpr(240)
-PRODUCER_REGS_NARROW = triton.language.constexpr(32)
 # The gathering producer: a warpgroup (enough threads to issue a tile's copies between two of the consumers' steps)
 # within what the consumers leave of the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
 GATHER_WARPS = triton.language.constexpr(4)
@@ -639,9 +635,7 @@ if gluon is not None:
                          num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP,
                          HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS,
                          GATHER)),
-        ], [4, GATHER_WARPS if GATHER else 1],
-            [CONSUMER_REGS if GATHER or HEAD_DIM == 256 else CONSUMER_REGS_NARROW,
-             GATHER_REGS if GATHER else PRODUCER_REGS if HEAD_DIM == 256 else PRODUCER_REGS_NARROW])  # fmt: skip
+        ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
 def program_form(head_dim: int, block_n: int, stages: int, shared_limit: int, gather: bool) -> tuple[int, bool]:
