@@ -159,11 +159,9 @@ def gluon_forms() -> list[dict]:
         q_bufs, producer_q = hopper.program_form(head_dim, block_n, 2, posing.H100.shared, page_size == 1)
         compiled = compile_gluon(dict(GROUP=4, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n,
                                       **hopper.copy_constexprs(page_size, block_n), STAGES=2, Q_BUFS=q_bufs,
-                                      PRODUCER_Q=producer_q, IS_CAUSAL=True, HAS_BT_ROWS=False,
-                                      WGS=hopper.consumer_groups(head_dim, page_size == 1, 4)))  # fmt: skip
+                                      PRODUCER_Q=producer_q, IS_CAUSAL=True, HAS_BT_ROWS=False))  # fmt: skip
         waits = sorted(set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+)", compiled.asm["ptx"])))
         rows.append({"head_dim": head_dim, "block_n": block_n, "page_size": page_size, "producer_q": producer_q,
-                     "consumer_groups": hopper.consumer_groups(head_dim, page_size == 1, 4),
                      "shared": int(compiled.metadata.shared), "spills": _spills(compiled), "waits": waits,
                      "cp_async": compiled.asm["ptx"].count("cp.async.cg"),
                      "arrives": compiled.asm["ptx"].count("cp.async.mbarrier.arrive"),
@@ -185,10 +183,9 @@ def _gluon(lps: list[tuple[str, planning.LaunchPlan]], shared: int) -> list[dict
         head_dim, page_size = model["head_dim"], SERVING["page_size"]
         copies = hopper.copy_constexprs(page_size, block_n)
         q_bufs, per_sm = hopper.program_form(head_dim, block_n, stages, shared, copies["GATHER"])
-        group = model["num_q_heads"] // model["num_kv_heads"]
-        constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies,
-                          STAGES=stages, Q_BUFS=q_bufs, PRODUCER_Q=per_sm, IS_CAUSAL=True, HAS_BT_ROWS=False,
-                          WGS=hopper.consumer_groups(head_dim, copies["GATHER"], group))  # fmt: skip
+        constexprs = dict(GROUP=model["num_q_heads"] // model["num_kv_heads"], HEAD_DIM=head_dim, PAGE_SIZE=page_size,
+                          BLOCK_N=block_n, **copies, STAGES=stages, Q_BUFS=q_bufs, PRODUCER_Q=per_sm, IS_CAUSAL=True,
+                          HAS_BT_ROWS=False)  # fmt: skip
         key = tuple(constexprs.items())
         if key in done:
             continue

@@ -37,9 +37,8 @@ def _plan(device_index, interpret=False, **kw):
 
 def test_shapes_and_layouts_it_takes():
     """``shape_ok``: 16-bit caches of the query's dtype, equal K/V head dims of 64/128/256, groups dividing the
-    tile (128 rows; 192 at D64 with pages by TMA where groups divide 64), 64- or 128-key tiles, buffers within the
-    limit, any page size; ``gathers``: pages of under 16 keys or that neither divide the tile nor are a multiple of
-    it are gathered key by key, others copied page by page;
+    128-row tile, 64- or 128-key tiles, buffers within the limit, any page size; ``gathers``: pages of under 16 keys
+    or that neither divide the tile nor are a multiple of it are gathered key by key, others copied page by page;
     ``layout_ok``: heads adjacent in a slot, slots evenly strided, 16-byte strides and base; ``q_layout_ok``: query
     rows 16 bytes apart, D contiguous, 16-byte base."""
     ok = dict(group=4, head_dim=128, head_dim_v=128, page_size=16, block_n=128, stages=2, dtype=torch.bfloat16,
@@ -52,14 +51,9 @@ def test_shapes_and_layouts_it_takes():
     for good in (dict(page_size=64), dict(page_size=256), dict(page_size=32), dict(page_size=1), dict(page_size=8),
                  dict(page_size=48), dict(page_size=3), dict(head_dim=64, head_dim_v=64),
                  dict(head_dim=256, head_dim_v=256, block_n=64), dict(group=1), dict(group=128),
-                 dict(head_dim=64, head_dim_v=64, group=128), dict(head_dim=64, head_dim_v=64, group=64),
                  dict(dtype=torch.float16, cache_dtype=torch.float16)):  # fmt: skip
         assert hopper.shape_ok(**{**ok, **good}), good
     assert hopper.shared_bytes(128, 128, 2) >= 180312  # ptxas's figure for that variant (Triton 3.6)
-    # Three consumer warpgroups at D64 (pages by TMA) where the group divides a warpgroup's 64 rows, else two.
-    assert [hopper.consumer_groups(64, False, g) for g in (1, 16, 64, 128)] == [3, 3, 3, 2]
-    assert hopper.consumer_groups(64, True, 4) == hopper.consumer_groups(128, False, 4) == 2
-    assert hopper.tile_rows(64, False, 4) == 192 and hopper.tile_rows(256, False, 4) == 128
     for page_size, block_n, gathered in ((1, 128, True), (8, 128, True), (15, 64, True), (48, 128, True),
                                          (24, 64, True), (16, 128, False), (32, 64, False), (64, 128, False),
                                          (256, 128, False), (128, 64, False)):  # fmt: skip
@@ -224,8 +218,7 @@ def _check_against_reference(q_lens, prefix, page_size, head_dim, group, dtype, 
 @pytest.mark.parametrize("head_dim, block_n, group, page_size, causal, rows, programs", [
     (128, 128, 4, 16, True, False, None), (256, 64, 8, 32, False, True, 3), (64, 128, 1, 64, True, True, None),
     (128, 64, 16, 128, True, False, 2), (128, 128, 4, 1, True, False, 3), (256, 64, 8, 4, True, True, None),
-    (64, 128, 1, 8, False, False, 1), (128, 128, 8, 24, True, True, 5), (64, 128, 128, 16, True, False, 2),
-    (64, 64, 16, 32, True, True, 4),
+    (64, 128, 1, 8, False, False, 1), (128, 128, 8, 24, True, True, 5),
 ])  # fmt: skip
 def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page_size, causal, rows, programs):
     """Fixed ragged batches with decodes, one-tile and many-tile sequences (the overlapped loop's first and last
@@ -256,17 +249,14 @@ def test_each_head_dim_compiles_for_sm90_with_the_overlap():
         head_dim, block_n = r["head_dim"], r["block_n"]
         assert hopper.q_buffers(head_dim, block_n, 2, 227 * 1024) == (1 if head_dim == 256 else 2)
         q_bufs = 2 if r["producer_q"] else 1
-        tile = 64 * r["consumer_groups"]
-        assert r["consumer_groups"] == hopper.consumer_groups(head_dim, r["page_size"] == 1, 4)
-        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2, q_bufs, tile) <= 227 * 1024, r
+        assert 0 < r["shared"] <= hopper.shared_bytes(head_dim, block_n, 2, q_bufs) <= 227 * 1024, r
         assert r["waits"] == ["0", "1"], r
-        # (Three warpgroups at 160 registers a thread: their item loops' state, none in the tile loops.)
-        assert r["spills"] <= (64 if head_dim == 256 else 72 if r["consumer_groups"] == 3 else 0), r
+        assert r["spills"] <= (64 if head_dim == 256 else 0), r
         gathered = r["page_size"] == 1
         # The query rows (128 x D) by the producer's threads where it copies them; a gathering one adds a tile's K
         # and V.
         threads = 32 * (hopper.GATHER_WARPS if gathered else 1)
-        q_rows = tile if r["producer_q"] else 0
+        q_rows = hopper.TILE_ROWS if r["producer_q"] else 0
         copies = (q_rows + (2 * block_n if gathered else 0)) * head_dim * 2 // 16
         assert r["cp_async"] == copies // threads, r
         assert r["arrives"] == 2 * gathered + r["producer_q"] and r["waits_for_copies"] == 0, r
@@ -312,7 +302,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     assert got["k_ptr"] is k_cache and got["v_ptr"] is v_cache
     assert got["stride_k_slot"] == got["stride_v_slot"] == 512
     assert kw == dict(GROUP=4, HEAD_DIM=128, PAGE_SIZE=16, BLOCK_N=128, COPY=16, STAGES=2, Q_BUFS=2,
-                      PRODUCER_Q=True, IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, WGS=2, num_warps=4,
+                      PRODUCER_Q=True, IS_CAUSAL=True, HAS_BT_ROWS=False, GATHER=False, num_warps=4,
                       enable_fp_fusion=True)  # fmt: skip
 
     one = combined.view(320, 1, 2, 2, 128)  # the same slots as pages of 1
@@ -339,9 +329,3 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     wide = hopper.prepare(q256, cache256, block_table, q256, has_rows=False, num_seqs=3, scale=0.5, causal=True,
                           block_n=64, stages=2)  # fmt: skip
     assert (wide.grid, wide.constexprs["Q_BUFS"], wide.constexprs["PRODUCER_Q"]) == ((items,), 1, False)
-    # D64 with pages by TMA: three consumer warpgroups, items of 192 rows (48 tokens of a group of 4).
-    q64 = torch.zeros(100, 8, 64, dtype=torch.bfloat16)
-    cache64 = torch.zeros(20, 16, 2, 64, dtype=torch.bfloat16)
-    narrow = hopper.prepare(q64, cache64, block_table, q64, has_rows=False, num_seqs=3, scale=0.5, causal=True,
-                            block_n=128, stages=2)  # fmt: skip
-    assert narrow.constexprs["WGS"] == 3 and narrow.scalars[5] == (100 // 48 + 3) * 2 and narrow.grid == (4,)

@@ -11,10 +11,8 @@ ahead, handing buffers over through mbarriers. Pages of under 16 keys (and sizes
 are a multiple of it) get a producer warpgroup instead, which gathers key by key with ``cp.async``, each thread's
 copies arriving on the slot's barrier as they land, so that as many tiles are in flight as with the TMA (one warp
 that waited for its own copies kept too few bytes in flight). Consumers get up to 232 registers each, the TMA warp
-64, the gathering warpgroup 40. At D64 with pages by TMA (and GQA groups dividing 64) an item is 192 rows for three
-consumer warpgroups (160 registers each, the TMA warp 24), FlashAttention-3's tile at that head dim. A consumer
-issues a tile's QK^T together with the previous tile's PV and computes the tile's softmax while that PV runs
-(FlashAttention-3's overlap within a warpgroup).
+64, the gathering warpgroup 40. A consumer issues a tile's QK^T together with the previous tile's PV and computes the
+tile's softmax while that PV runs (FlashAttention-3's overlap within a warpgroup).
 
 A program runs work items (a query tile of one KV head) in a loop, a program per SM. The producer also finds each
 item's sequence, query block and keys, and copies its query rows (``cp.async``) into one of two q buffers beside
@@ -69,15 +67,13 @@ except ImportError:  # a Triton without Gluon's Hopper API: the unified kernel r
 # Triton versions whose Gluon API this file is written and verified against (Gluon is experimental: its signatures
 # change between releases).
 VERIFIED_TRITON = ("3.6",)
-TILE_ROWS = 128  # query rows of an item: two consumer warpgroups of one wgmma M (64) each (three at D64: 192)
-ROWS = triton.language.constexpr(64)  # query rows of a consumer warpgroup
+TILE_ROWS = 128  # query rows per program: two consumer warpgroups of one wgmma M (64) each
+ROWS = triton.language.constexpr(TILE_ROWS // 2)
+BLOCK_M = triton.language.constexpr(TILE_ROWS)
 HEAD_DIMS = (64, 128, 256)
 LOG2E = 1.4426950408889634
 CONSUMER_REGS = triton.language.constexpr(232)
 PRODUCER_REGS = triton.language.constexpr(64)
-# Three consumer warpgroups (D64): 512 threads share the register file (65,536 = 128 x (168 + 2 x 160 + 24)).
-CONSUMER_REGS_3 = triton.language.constexpr(160)
-PRODUCER_REGS_3 = triton.language.constexpr(24)
 # The gathering producer: a warpgroup (enough threads to issue a tile's copies between two of the consumers' steps)
 # within what the consumers leave of the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
 GATHER_WARPS = triton.language.constexpr(4)
@@ -115,44 +111,29 @@ def copy_constexprs(page_size: int, block_n: int) -> dict:
     return {"COPY": 16 if gather else copy_rows(page_size, block_n), "GATHER": gather}
 
 
-def consumer_groups(head_dim: int, gather: bool, group: int = 1) -> int:
-    """Consumer warpgroups of a launch, 64 query rows each: three at D64 with pages by TMA where GQA groups
-    divide a warpgroup's rows (FlashAttention-3's 192-row tiles at that head dim: a tile's softmax takes as long
-    as its products, and a third warpgroup's products fill the tensor cores during the other two's softmaxes),
-    else two. (``group`` 1: the largest form at that head dim.)"""
-    return 3 if head_dim == 64 and not gather and 64 % group == 0 else 2
-
-
-def tile_rows(head_dim: int, gather: bool, group: int = 1) -> int:
-    """Query rows of a work item (its tile): 64 a consumer warpgroup."""
-    return 64 * consumer_groups(head_dim, gather, group)
-
-
 def shape_ok(*, group: int, head_dim: int, head_dim_v: int, page_size: int, block_n: int, stages: int,
              dtype: torch.dtype, cache_dtype: torch.dtype, shared_limit: int) -> bool:  # fmt: skip
     """Whether a launch's shapes fit this kernel (see the module docstring) and its buffers ``shared_limit``
     bytes of shared memory."""
     if dtype not in (torch.float16, torch.bfloat16) or cache_dtype != dtype:
         return False
-    rows = tile_rows(head_dim, gathers(page_size, block_n), group)
-    if head_dim != head_dim_v or head_dim not in HEAD_DIMS or rows % group:
+    if head_dim != head_dim_v or head_dim not in HEAD_DIMS or TILE_ROWS % group:
         return False
     if block_n not in (64, 128):
         return False
-    return shared_bytes(head_dim, block_n, stages, rows=rows) <= shared_limit
+    return shared_bytes(head_dim, block_n, stages) <= shared_limit
 
 
-def shared_bytes(head_dim: int, block_n: int, stages: int, q_buffers: int = 1, rows: int = TILE_ROWS) -> int:
-    """Shared memory of one program: ``q_buffers`` q tiles of ``rows`` rows, ``stages`` K and V tiles, and room for
-    the compiler's layout conversions, 10 KiB a consumer warpgroup (measured with ptxas: 180,296 B at D128,
-    128-key tiles, two stages, one q tile; 139,452 B at D64 with three warpgroups and two q tiles)."""
-    return 2 * (q_buffers * rows * head_dim + 2 * stages * block_n * head_dim) + 10 * 1024 * (rows // 64)
+def shared_bytes(head_dim: int, block_n: int, stages: int, q_buffers: int = 1) -> int:
+    """Shared memory of one program: ``q_buffers`` q tiles, ``stages`` K and V tiles, and room for the compiler's
+    layout conversions (measured with ptxas: 180,296 B at D128, 128-key tiles, two stages, one q tile)."""
+    return 2 * (q_buffers * TILE_ROWS * head_dim + 2 * stages * block_n * head_dim) + 20 * 1024
 
 
-def q_buffers(head_dim: int, block_n: int, stages: int, shared_limit: int, rows: int = TILE_ROWS) -> int:
-    """Query tiles (of ``rows`` rows) a program holds: two where they fit (the next item's rows copied while this
-    one's run), else one (D256: the next item's copy waits for this one's last product)."""
-    return 2 if shared_bytes(head_dim, block_n, stages, 2, rows) <= shared_limit else 1
+def q_buffers(head_dim: int, block_n: int, stages: int, shared_limit: int) -> int:
+    """Query tiles a program holds: two where they fit (the next item's rows copied while this one's run), else
+    one (D256: the next item's copy waits for this one's last product)."""
+    return 2 if shared_bytes(head_dim, block_n, stages, 2) <= shared_limit else 1
 
 
 def q_layout_ok(q: torch.Tensor, check_address: bool = True) -> bool:
@@ -208,12 +189,11 @@ if gluon is not None:
     @gluon.jit
     def _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
               num_tokens, max_pages, num_bt_rows, GROUP: gl.constexpr, PAGE_SIZE: gl.constexpr,
-              BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_BT_ROWS: gl.constexpr,
-              WGS: gl.constexpr):  # fmt: skip
+              BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_BT_ROWS: gl.constexpr):  # fmt: skip
         """Work item -> (live, first token, new tokens, query block, KV head, keys, block table row, KV tiles).
         Items map onto (query block, KV head) as the unified kernel's prefill programs do: KV heads fastest, a
         sequence's blocks last one first. An item past the grid or its sequence's blocks is not live (no tiles)."""
-        BLOCK_Q: gl.constexpr = WGS * ROWS // GROUP
+        BLOCK_Q: gl.constexpr = BLOCK_M // GROUP
         item = gl.minimum(item, num_items - 1)  # (a dead item still reads in bounds)
         block_id = item // num_kv_heads
         kv_head = item % num_kv_heads
@@ -229,23 +209,23 @@ if gluon is not None:
 
     @gluon.jit
     def _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h, GROUP: gl.constexpr,
-                HEAD_DIM: gl.constexpr, WARPS: gl.constexpr, WGS: gl.constexpr):  # fmt: skip
-        """``cp.async`` copies of an item's ``WGS`` x 64 query rows (token-major: ``GROUP`` heads of each token)
-        into buffer ``b``'s consumer tiles (``q_smem[WGS * b + w]``, [64, D] each), by ``WARPS`` warps, 16 bytes
-        each; rows of tokens past the sequence are zero-filled."""
+                HEAD_DIM: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+        """``cp.async`` copies of an item's 128 query rows (token-major: ``GROUP`` heads of each token) into
+        buffer ``b``'s two consumer tiles (``q_smem[2b]``, ``q_smem[2b + 1]``, [64, D] each), by ``WARPS`` warps,
+        16 bytes each; rows of tokens past the sequence are zero-filled."""
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [WARPS, 1], [1, 0])
         ROWS_AT_ONCE: gl.constexpr = 8 * WARPS
         cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
-        for wg in gl.static_range(WGS):
+        for wg in gl.static_range(2):
             for c in gl.static_range(ROWS // ROWS_AT_ONCE):
-                rows = (q_block * (WGS * ROWS) + wg * ROWS + c * ROWS_AT_ONCE
+                rows = (q_block * BLOCK_M + wg * ROWS + c * ROWS_AT_ONCE
                         + gl.arange(0, ROWS_AT_ONCE, layout=gl.SliceLayout(1, layout)))  # fmt: skip
                 tok = rows // GROUP
                 off = (q_start + tok).to(gl.int64) * stride_q_t + (kv_head * GROUP + rows % GROUP) * stride_q_h
                 # (Rows start 16 bytes apart, ``q_layout_ok``: the copies move 16 bytes each.)
                 off = gl.multiple_of(off, 8)
                 cp_async_load(
-                    q_smem.index(WGS * b + wg).slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
+                    q_smem.index(2 * b + wg).slice(c * ROWS_AT_ONCE, ROWS_AT_ONCE),
                     q_ptr + off[:, None] + cols[None, :],
                     mask=(tok < q_len)[:, None],
                 )
@@ -257,8 +237,7 @@ if gluon is not None:
                   stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP: gl.constexpr,
                   HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
                   STAGES: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr,
-                  WGS: gl.constexpr):  # fmt: skip
+                  HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         """The producer, over the program's work items: finds each item's sequence, query block and keys, writes
         them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), then
         copies its K and V tiles into the ring, whose slots and phases run on across items (``t``: tiles handed
@@ -274,16 +253,15 @@ if gluon is not None:
             item = _item(r, num_items)
             q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = _work(
                 item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
-                num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_BT_ROWS,
-                WGS)  # fmt: skip
-            live = (item < num_items) & (q_block >= 0) & (q_block * (WGS * ROWS) // GROUP < q_len)
+                num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
+            live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
             n_tiles = gl.where(live, n_tiles, 0)
             b = r % Q_BUFS
             mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
             if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
                 if live:
                     _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
-                            GROUP, HEAD_DIM, WARPS, WGS)  # fmt: skip
+                            GROUP, HEAD_DIM, WARPS)  # fmt: skip
             # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through
             # the arrival below (after every producer thread's stores).
             vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
@@ -484,7 +462,7 @@ if gluon is not None:
                   v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                   GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                  GATHER: gl.constexpr, WGS: gl.constexpr):  # fmt: skip
+                  GATHER: gl.constexpr):  # fmt: skip
         """One warpgroup over the program's work items, as the producer describes them: rows ``[WG * 64, WG * 64 +
         64)`` of each item's query tile (``t``: ring positions consumed so far), copied by the producer
         (``PRODUCER_Q``) or loaded here; each q buffer is handed back once the item's products are done."""
@@ -503,11 +481,11 @@ if gluon is not None:
             vals = item_smem.index(b).load(fields_layout)
             n_tiles = _field(vals, fields, 5)
             if _field(vals, fields, 0) != 0:
-                _consumer_item(WG, q_ptr, out_ptr, q_smem.index(WGS * b + WG), k_smem, v_smem, k_ready, v_ready,
+                _consumer_item(WG, q_ptr, out_ptr, q_smem.index(2 * b + WG), k_smem, v_smem, k_ready, v_ready,
                                k_empty, v_empty, _field(vals, fields, 1), _field(vals, fields, 2),
                                _field(vals, fields, 3), _field(vals, fields, 6), _field(vals, fields, 4), t, n_tiles,
                                qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N,
-                               STAGES, not PRODUCER_Q, IS_CAUSAL, GATHER, WGS)  # fmt: skip
+                               STAGES, not PRODUCER_Q, IS_CAUSAL, GATHER)  # fmt: skip
             # Every warp of the group is past its products with this q buffer (and its reads of the description).
             thread_barrier()
             mbarrier.arrive(q_empty.index(b), count=1)
@@ -518,7 +496,7 @@ if gluon is not None:
                        q_start, q_len, q_block, kv_head, kv_len, t0, n_tiles, qk_scale, stride_q_t, stride_q_h,
                        stride_o_t, stride_o_h, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, LOAD_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                       GATHER: gl.constexpr, WGS: gl.constexpr):  # fmt: skip
+                       GATHER: gl.constexpr):  # fmt: skip
         """One item's rows ``[WG * 64, WG * 64 + 64)`` of the query tile (in ``q_tile``, loaded there first with
         ``LOAD_Q``), online softmax in base 2 over its KV tiles in ring positions from ``t0`` on, output normalized
         and stored. A warpgroup without rows only releases the tiles."""
@@ -529,7 +507,7 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         dtype: gl.constexpr = out_ptr.dtype.element_ty
-        row0 = q_block * (WGS * ROWS) + WG * ROWS
+        row0 = q_block * BLOCK_M + WG * ROWS
         # Token (within the sequence) of the warpgroup's first row; rows of tokens >= q_len are padding.
         first_tok = row0 // GROUP
         if first_tok >= q_len:
@@ -608,13 +586,13 @@ if gluon is not None:
                            stride_k_slot, stride_v_slot, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                            PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr,
                            Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                           HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr, WGS: gl.constexpr):  # fmt: skip
+                           HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         # A program runs work items (query block, KV head) ``_item`` picks until ``num_items`` are done: one per SM
         # (each takes most of an SM's registers), its producer describing, and copying the query rows and first
         # KV tiles of, the next item while the consumers finish this one.
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], dtype)
-        q_smem = gl.allocate_shared_memory(dtype, [WGS * Q_BUFS, ROWS, HEAD_DIM], q_layout)
+        q_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFS, ROWS, HEAD_DIM], q_layout)
         item_smem = gl.allocate_shared_memory(gl.int32, [Q_BUFS, ITEM_FIELDS],
                                               gl.SwizzledSharedLayout(1, 1, 1, order=[0]))  # fmt: skip
         k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -627,58 +605,37 @@ if gluon is not None:
         v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         # A TMA copy completes its barrier's phase with one arrival and the bytes; gathers, with an arrival from
         # each gathering thread once its copies land. An item's q buffer: each producer thread's copies (where it
-        # copies the rows), then one arrival once the description is written; handed back by every consumer.
+        # copies the rows), then one arrival once the description is written; handed back by both consumers.
         PRODUCER_THREADS: gl.constexpr = 32 * (GATHER_WARPS if GATHER else 1)
         READY: gl.constexpr = PRODUCER_THREADS if GATHER else 1
         for i in gl.static_range(Q_BUFS):
             mbarrier.init(q_ready.index(i), count=PRODUCER_THREADS + 1 if PRODUCER_Q else 1)
-            mbarrier.init(q_empty.index(i), count=WGS)
+            mbarrier.init(q_empty.index(i), count=2)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=READY)
             mbarrier.init(v_ready.index(i), count=READY)
-            # Every consumer warpgroup releases each slot.
-            mbarrier.init(k_empty.index(i), count=WGS)
-            mbarrier.init(v_empty.index(i), count=WGS)
+            # Both consumer warpgroups release each slot.
+            mbarrier.init(k_empty.index(i), count=2)
+            mbarrier.init(v_empty.index(i), count=2)
         mbarrier.init(v_ready.index(STAGES), count=1)
         # The cache slots of the tile a gathering producer copies (unused by the TMA producer).
         slot_ids = gl.allocate_shared_memory(gl.int32, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         fence_async_shared()
 
-        # (Partitions listed twice: a tuple of arguments kept in a variable loses its constexprs.)
-        if WGS == 3:  # (pages by TMA only: consumer_groups)
-            gl.warp_specialize([
-                (_consumer, (0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                             stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, 3)),
-                (_consumer, (1, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                             stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, 3)),
-                (_consumer, (2, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                             stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, 3)),
-                (_producer, (q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids,
-                             q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                             block_table_rows_ptr, cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages,
-                             num_bt_rows, num_items, num_kv_heads, stride_q_t, stride_q_h, stride_bt_b,
-                             stride_k_slot, stride_v_slot, GROUP, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS,
-                             PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS, GATHER, 3)),
-            ], [4, 4, 1], [CONSUMER_REGS_3, CONSUMER_REGS_3, PRODUCER_REGS_3])  # fmt: skip
-        else:
-            gl.warp_specialize([
-                (_consumer, (0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                             stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, 2)),
-                (_consumer, (1, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                             v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t,
-                             stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER, 2)),
-                (_producer, (q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids,
-                             q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                             block_table_rows_ptr, cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages,
-                             num_bt_rows, num_items, num_kv_heads, stride_q_t, stride_q_h, stride_bt_b,
-                             stride_k_slot, stride_v_slot, GROUP, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS,
-                             PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS, GATHER, 2)),
-            ], [4, GATHER_WARPS if GATHER else 1],
-                [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
+        gl.warp_specialize([
+            (_consumer, (0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
+            (_consumer, (1, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
+                         k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                         GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
+            (_producer, (q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids, q_ready,
+                         q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr, block_table_rows_ptr,
+                         cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items,
+                         num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP,
+                         HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS,
+                         GATHER)),
+        ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
 def program_form(head_dim: int, block_n: int, stages: int, shared_limit: int, gather: bool) -> tuple[int, bool]:
@@ -687,7 +644,7 @@ def program_form(head_dim: int, block_n: int, stages: int, shared_limit: int, ga
     and pages come by TMA (H100: 4x2k -3%, D64 -5%); else a program per item (handed out by the hardware as SMs
     free up), whose consumers load their own q rows into its one buffer: with one q buffer (D256) the loop cost
     5%, and pages of 1 (a gathering producer also copying the q rows) ran 4% slower."""
-    per_sm = q_buffers(head_dim, block_n, stages, shared_limit, tile_rows(head_dim, gather)) == 2 and not gather
+    per_sm = q_buffers(head_dim, block_n, stages, shared_limit) == 2 and not gather
     return (2 if per_sm else 1), per_sm
 
 
@@ -740,7 +697,7 @@ def prepare(
     stages: int,
 ) -> WsLaunch:
     """The launch of validated arguments that fit (``shape_ok``, ``layout_ok``, ``q_layout_ok``), from their
-    metadata. Work items: ``T // (tile_rows // GROUP) + B`` query blocks x KV heads; programs: one per SM (or per item
+    metadata. Work items: ``T // (128 // GROUP) + B`` query blocks x KV heads; programs: one per SM (or per item
     where there are fewer) or one per item (shapes and the device only: CUDA-graph safe)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, page_size, num_kv_heads, _ = k_cache.shape
@@ -748,15 +705,14 @@ def prepare(
     copies = copy_constexprs(page_size, block_n)
     rows = copies["COPY"]
     dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
-    wgs = consumer_groups(head_dim, copies["GATHER"], group)
-    num_items = (num_tokens // (64 * wgs // group) + num_seqs) * num_kv_heads
+    num_items = (num_tokens // (TILE_ROWS // group) + num_seqs) * num_kv_heads
     sms, shared_limit = _device_limits(q.device)
     q_bufs, persistent = program_form(head_dim, block_n, stages, shared_limit, copies["GATHER"])
     scalars = (scale * LOG2E, num_seqs, num_tokens, block_table.shape[1], block_table.shape[0], num_items,
                num_kv_heads, q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_table.stride(0))  # fmt: skip
     constexprs = dict(GROUP=group, HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, **copies, STAGES=stages,
-                      Q_BUFS=q_bufs, PRODUCER_Q=persistent, IS_CAUSAL=causal, HAS_BT_ROWS=has_rows, WGS=wgs,
-                      num_warps=4, enable_fp_fusion=True)  # fmt: skip
+                      Q_BUFS=q_bufs, PRODUCER_Q=persistent, IS_CAUSAL=causal,
+                      HAS_BT_ROWS=has_rows, num_warps=4, enable_fp_fusion=True)  # fmt: skip
     layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], dtype)
     grid = (min(num_items, sms) if persistent else num_items,)
     return WsLaunch(grid, rows, layout, scalars, constexprs)
