@@ -56,9 +56,10 @@ def bench_in(directory: Path, suite: str, only: list[str] | None, timeout: float
         return json.loads(out.read_text())
 
 
-def collect(results: list[tuple[str, int, dict]]) -> tuple[list[dict], list[dict]]:
+def collect(results: list[tuple[str, int, dict]], labels: list[str]) -> tuple[list[dict], list[dict]]:
     """(rows: one per tree, round and timed case; summary: per case, each tree's median µs over its rounds and the
-    ratio to the first tree's) from ``(label, round, bench result)`` in run order."""
+    ratio to the first of ``labels``' (none where that tree has no time)) from ``(label, round, bench result)`` in
+    run order."""
     rows = []
     for label, r, result in results:
         for rec in result["records"]:
@@ -66,7 +67,6 @@ def collect(results: list[tuple[str, int, dict]]) -> tuple[list[dict], list[dict
                 continue
             case = rec["case"] + ("" if rec["provider"] == "tpa" else f" ({rec['provider']})")
             rows.append({"tree": label, "round": r, "case": case, "us": rec["us"], "rel_err": rec.get("rel_err")})
-    labels = list(dict.fromkeys(row["tree"] for row in rows))
     summary = []
     for case in dict.fromkeys(row["case"] for row in rows):
         medians = {lb: statistics.median(x["us"] for x in rows if x["case"] == case and x["tree"] == lb)
@@ -77,9 +77,8 @@ def collect(results: list[tuple[str, int, dict]]) -> tuple[list[dict], list[dict
     return rows, summary
 
 
-def render(summary: list[dict]) -> str:
+def render(summary: list[dict], labels: list[str]) -> str:
     """Median µs per case and tree, each tree after the first with its ratio to it."""
-    labels = list(dict.fromkeys(lb for s in summary for lb in s["median_us"]))
     width = max([26] + [len(s["case"]) + 2 for s in summary])
     lines = [f"{'case (median µs)':<{width}}" + "".join(f"{lb[:18]:>20}" for lb in labels)]
     for s in summary:
@@ -103,21 +102,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="tpa_trees.json", help="JSON file to write ('' for none)")
     args = p.parse_args(argv)
     trees = [parse_tree(p, t) for t in args.tree]
-    if len(trees) < 2:
-        p.error("give at least two --tree")
+    labels = [label for label, _ in trees]
+    if len(trees) < 2 or len(set(labels)) < len(labels):
+        p.error(f"give at least two --tree, each its own label (got {labels})")
     if args.rounds < 1:
         p.error(f"--rounds must be >= 1, got {args.rounds}")
     runs = [(label, r, bench_in(path, args.suite, args.only, args.timeout)) for r in range(args.rounds)
             for label, path in trees]  # fmt: skip
     results = [run for run in runs if isinstance(run[2], dict)]
     failures = [{"tree": label, "round": r, "why": why} for label, r, why in runs if not isinstance(why, dict)]
-    rows, summary = collect(results)
+    rows, summary = collect(results, labels)
     first = results[0][2] if results else {}
     result = {"gpu": first.get("gpu"), "torch": first.get("torch"), "triton": first.get("triton"),
               "date": first.get("date"), "suite": args.suite, "rounds": args.rounds,
-              "trees": [label for label, _ in trees], "summary": summary, "rows": rows,
+              "trees": labels, "summary": summary, "rows": rows,
               "failures": failures}  # fmt: skip
-    text = render(summary) + "".join(f"\n{f['tree']} round {f['round']}: {f['why']}" for f in failures)
+    text = render(summary, labels) + "".join(f"\n{f['tree']} round {f['round']}: {f['why']}" for f in failures)
     finish(result, text, args.out, "benchmarks.trees", argv)
     return 1 if failures else 0
 

@@ -266,6 +266,7 @@ def test_tree_benchmark_alternates_checkouts_each_with_its_own_package(tmp_path,
         (tmp_path / name / "triton_paged_ops" / "__main__.py").write_text(body)
     for bad, msg in ((["--tree", "old"], "LABEL=DIR"), (["--tree", f"x={tmp_path}"], "no triton_paged_ops"),
                      (["--tree", f"a={tmp_path / 'old'}"], "at least two"),
+                     (["--tree", f"a={tmp_path / 'old'}", "--tree", f"a={tmp_path / 'new'}"], "its own label"),
                      (["--tree", f"a={tmp_path / 'old'}", "--tree", f"b={tmp_path / 'new'}", "--rounds", "0"],
                       "--rounds")):  # fmt: skip
         with pytest.raises(SystemExit) as exc:
