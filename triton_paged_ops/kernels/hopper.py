@@ -242,56 +242,60 @@ if gluon is not None:
         tooth the rounds cannot even out); taken in turn, within 1%. The last program to finish puts both counters
         (``counter_ptr[1]`` counts finished programs) back to 0 for the next launch."""
         if PRODUCER_Q:
+            # One item ahead: the next item's index and description loads are taken while this item's tiles
+            # stream, so at an item's end its successor is published without waiting for them.
             item = gl.program_id(0)
+            work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
+                         num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
+                         HAS_BT_ROWS)  # fmt: skip
             r = 0
             t = 0
             fixes = 0
             going = item < num_items  # (true: there are at least as many items as programs)
             while going:
-                t, fixes = _produce_item(
-                    item, r, t, fixes, q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem,
-                    slot_ids, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                    block_table_rows_ptr, cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages,
-                    num_bt_rows, num_items, num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot,
-                    stride_v_slot, GROUP, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL,
-                    HAS_BT_ROWS, GATHER)  # fmt: skip
-                # (The round just described was the stop where the item is past the last.)
+                n_tiles = _publish(item, r, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
+                                   stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
+                # (The round just published was the stop where the item is past the last.)
                 going = item < num_items
+                nxt = item
                 if going:
-                    item = gl.num_programs(0) + gl.atomic_add(counter_ptr, 1)
+                    nxt = gl.num_programs(0) + gl.atomic_add(counter_ptr, 1)
+                nxt_work = _work(nxt, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
+                                 num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
+                                 HAS_BT_ROWS)  # fmt: skip
+                t, fixes = _item_tiles(work, t, n_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem,
+                                       slot_ids, k_ready, v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b,
+                                       stride_k_slot, stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES,
+                                       GATHER)  # fmt: skip
+                item = nxt
+                work = nxt_work
                 r += 1
             if gl.atomic_add(counter_ptr + 1, 1) == gl.num_programs(0) - 1:
                 # Every program has taken its last count: none reads the counters again in this launch.
                 gl.atomic_xchg(counter_ptr, 0)
                 gl.atomic_xchg(counter_ptr + 1, 0)
         else:
-            _produce_item(
-                gl.program_id(0), 0, 0, 0, q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem,
-                v_smem, slot_ids, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                block_table_rows_ptr, cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows,
-                num_items, num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP,
-                HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS,
-                GATHER)  # fmt: skip
+            item = gl.program_id(0)
+            work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
+                         num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
+                         HAS_BT_ROWS)  # fmt: skip
+            n_tiles = _publish(item, 0, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
+                               stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
+            _item_tiles(work, 0, n_tiles, 0, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
+                        v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
+                        HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
 
     @gluon.jit
-    def _produce_item(item, r, t, fixes, q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem,
-                      v_smem, slot_ids, q_ready, q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                      block_table_rows_ptr, cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages,
-                      num_bt_rows, num_items, num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot,
-                      stride_v_slot, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr,
-                      BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr, Q_BUFS: gl.constexpr,
-                      PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_BT_ROWS: gl.constexpr,
-                      GATHER: gl.constexpr):  # fmt: skip
-        """Round ``r`` of the producer: item ``item``'s description (past ``num_items``: the consumers' stop) into
-        q buffer ``r % Q_BUFS``, its query rows there (``PRODUCER_Q``), its K and V tiles into the ring from position
-        ``t``. Returns the ring position after it and the TMA tail fix-ups' count."""
+    def _publish(item, r, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t, stride_q_h,
+                 GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr,
+                 GATHER: gl.constexpr):  # fmt: skip
+        """Round ``r`` of the producer: item ``item``'s description (``work``, from ``_work``; past ``num_items``:
+        the consumers' stop) into q buffer ``r % Q_BUFS``, beside its query rows (``PRODUCER_Q``). Returns its KV
+        tiles (0 where it has no rows)."""
         WARPS: gl.constexpr = GATHER_WARPS if GATHER else 1
-        fixes = gl.to_tensor(fixes)  # (a program of one item passes a constant)
         item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=item_layout)
-        q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = _work(
-            item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
-            num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
+        q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = work
         live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
         n_tiles = gl.where(live, n_tiles, 0)
         b = r % Q_BUFS
@@ -311,6 +315,17 @@ if gluon is not None:
             async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
         thread_barrier()
         mbarrier.arrive(q_ready.index(b), count=1)
+        return n_tiles
+
+    @gluon.jit
+    def _item_tiles(work, t, n_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
+                    v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
+                    HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
+                    STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
+        """An item's ``n_tiles`` K and V tiles into the ring from position ``t``. Returns the ring position after
+        them and the TMA tail fix-ups' count."""
+        _, _, _, kv_head, kv_len, bt_row, _ = work
+        fixes = gl.to_tensor(fixes)  # (a program of one item passes a constant)
         bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
         if GATHER:
             _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
