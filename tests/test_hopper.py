@@ -230,54 +230,6 @@ def test_fixed_ragged_batches_match_the_reference(head_dim, block_n, group, page
                              seed=head_dim + group, programs=programs)  # fmt: skip
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not HOPPER, reason="needs an sm_90 GPU and a Triton whose Gluon API this kernel was verified on")
-def test_every_launch_and_graph_replay_hands_out_every_item():
-    """Work items are handed out through two counters that each launch must leave at zero: with 3 programs taking
-    many items each, the same batch three times on the default stream (its counters kept between calls, zero after
-    each), then captured in a CUDA graph on a side stream (counters of its own) and replayed twice, each output
-    NaN-poisoned first: every run matches the reference (a counter left behind would hand the next launch no items,
-    or only some)."""
-    from triton_paged_ops import prepared
-
-    q_lens, prefix = [700, 300, 129, 1, 1], [0, 900, 64, 40, 2000]
-    kv_lens = [q + p for q, p in zip(q_lens, prefix)]
-    gen = torch.Generator(device=DEVICE).manual_seed(7)
-    p = random_paged_batch(q_lens, kv_lens, num_q_heads=8, num_kv_heads=2, head_dim=128, page_size=16,
-                           dtype=torch.bfloat16, device=DEVICE, generator=gen, pad_tokens=3)  # fmt: skip
-    hint = tpa.decode_tail_of(q_lens)
-    ref = reference.paged_attention(*p.args[:9], causal=True)
-    out = torch.empty(p.q.shape, dtype=p.q.dtype, device=DEVICE)
-    _, shared = hopper._device_limits(torch.device(DEVICE))
-    PREPARED.clear()
-    try:
-        with mock.patch.object(hopper, "_device_limits", lambda device: (3, shared)), \
-                attention_config_override(ws_prefill=True, ws_block_n=128, ws_stages=2):  # fmt: skip
-            lp = _plan(torch.cuda.current_device(), num_q_heads=8, num_kv_heads=2, num_seqs=len(q_lens),
-                       max_seqlen_q=max(q_lens), max_seqlen_k=max(kv_lens), decode_tail=hint)  # fmt: skip
-            assert lp.ws is not None, "the launch should take the warp-specialized kernel"
-            launch = tpa.paged_attention_out
-            for _ in range(3):
-                out.fill_(float("nan"))
-                launch(*p.args, causal=True, decode_tail=hint, out=out)
-                torch.cuda.synchronize()
-                assert_close_to_reference(out, None, ref, None, torch.bfloat16, sum(q_lens))
-                counters = prepared._LOCAL.counters[torch.cuda.current_device()]
-                assert counters.tolist() == [0, 0]
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
-                launch(*p.args, causal=True, decode_tail=hint, out=out)
-            for _ in range(2):
-                out.fill_(float("nan"))
-                graph.replay()
-                torch.cuda.synchronize()
-                assert_close_to_reference(out, None, ref, None, torch.bfloat16, sum(q_lens))
-    finally:
-        PREPARED.clear()
-
-
 @pytest.mark.skipif(hopper.gluon is None, reason="the installed Triton has no Gluon Hopper API")
 def test_each_head_dim_compiles_for_sm90_with_the_overlap():
     """Offline (no GPU): the kernel compiles for sm_90 at D64/128/256, with TMA copies of pages and with gathers
@@ -332,14 +284,12 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     cu, seq_lens = torch.tensor([0, 60, 99, 100], dtype=torch.int32), torch.tensor([60, 99, 100], dtype=torch.int32)
     p = hopper.prepare(q, k_cache, block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
                        block_n=128, stages=2)  # fmt: skip
-    counters = torch.zeros(2, dtype=torch.int32)
-    p.run(q, k_cache, v_cache, block_table, None, cu, seq_lens, out, counters)
+    p.run(q, k_cache, v_cache, block_table, None, cu, seq_lens, out)
     grid, args, kw = calls[0]
     names = [n for n in params if n not in kw]
     got = dict(zip(names, args, strict=True))
     assert grid == ((100 // 32 + 3) * 2,)  # fewer items than SMs: a program each
     assert got["q_ptr"] is q and got["out_ptr"] is out and got["block_table_rows_ptr"] is block_table
-    assert got["counter_ptr"] is counters
     for name, cache in (("k_desc", k_cache), ("v_desc", v_cache)):
         desc = got[name]
         assert desc.base is cache and list(desc.shape) == [320, 256] and list(desc.strides) == [512, 1]
@@ -358,7 +308,7 @@ def test_prepared_launch_binds_the_kernel_arguments(monkeypatch):
     one = combined.view(320, 1, 2, 2, 128)  # the same slots as pages of 1
     p = hopper.prepare(q, one[:, :, 0], block_table, out, has_rows=False, num_seqs=3, scale=0.5, causal=True,
                        block_n=128, stages=2)  # fmt: skip
-    p.run(q, one[:, :, 0], one[:, :, 1], block_table, None, cu, seq_lens, out, counters)
+    p.run(q, one[:, :, 0], one[:, :, 1], block_table, None, cu, seq_lens, out)
     grid, args, kw = calls[1]
     got = dict(zip([n for n in params if n not in kw], args, strict=True))
     assert list(got["k_desc"].block_shape) == [16, 128] and got["stride_v_slot"] == 512

@@ -198,22 +198,6 @@ def _workspace(q: torch.Tensor, lse_elems: int, out_elems: int, stream: int | No
     return out_view, buf
 
 
-def _item_counters(q: torch.Tensor, stream: int | None) -> torch.Tensor:
-    """The warp-specialized kernel's two int32 counters (its work items' hand-out), zero before a launch, which
-    leaves them zero: kept per device and thread for the default stream, as the workspace is (launches there run one
-    after another); a new pair per call on other streams (a captured graph then zeroes its own in each replay)."""
-    device = q.get_device()
-    if not _kept_on(stream, device):
-        return q.new_zeros(2, dtype=torch.int32)
-    counters = getattr(_LOCAL, "counters", None)
-    if counters is None:
-        counters = _LOCAL.counters = {}
-    pair = counters.get(device)
-    if pair is None:
-        pair = counters[device] = q.new_zeros(2, dtype=torch.int32)
-    return pair
-
-
 @dataclasses.dataclass
 class AttentionLaunch:
     """The host part of one attention call that depends on metadata only (shapes, strides, dtypes, bounds, flags):
@@ -314,8 +298,7 @@ def run_attention_launch(p: AttentionLaunch, a: AttentionArgs, out: torch.Tensor
     q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens = a[:6]
     alibi_slopes, sinks, k_scale, v_scale, block_table_rows = a[OPTIONAL]
     if p.ws is not None and not (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15:
-        counters = _item_counters(q, current_stream(p.device_index))
-        p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out, counters)
+        p.ws.run(q, k_cache, v_cache, block_table, block_table_rows, cu_seqlens_q, seq_lens, out)
         return
     lp = p.plan
     # One stream query for the workspace and both launches.

@@ -78,7 +78,7 @@ PRODUCER_REGS = triton.language.constexpr(64)
 # within what the consumers leave of the register file (65,536 - 2 x 128 x 232 = 6,144 = 128 x 48).
 GATHER_WARPS = triton.language.constexpr(4)
 GATHER_REGS = triton.language.constexpr(40)
-ITEM_FIELDS = triton.language.constexpr(8)  # an item's description, producer to consumers
+ITEM_FIELDS = triton.language.constexpr(8)  # an item's description, producer to consumers (7 used)
 
 
 def available(device_index: int | None) -> bool:
@@ -178,6 +178,15 @@ if gluon is not None:
                                             slot.slice(c * COPY, COPY))  # fmt: skip
 
     @gluon.jit
+    def _item(r, num_items):
+        """The work item this program takes in round ``r`` (``num_items`` or more: none). Rounds alternate
+        direction (program p takes p, then 2P - 1 - p, ...): a sequence's items come longest first, so a program
+        that drew a long one draws a short one next."""
+        pid = gl.program_id(0)
+        programs = gl.num_programs(0)
+        return r * programs + gl.where(r % 2 == 0, pid, programs - 1 - pid)
+
+    @gluon.jit
     def _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
               num_tokens, max_pages, num_bt_rows, GROUP: gl.constexpr, PAGE_SIZE: gl.constexpr,
               BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr, HAS_BT_ROWS: gl.constexpr):  # fmt: skip
@@ -224,8 +233,8 @@ if gluon is not None:
     @gluon.jit
     def _producer(q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids, q_ready, q_empty,
                   k_ready, v_ready, k_empty, v_empty, block_table_ptr, block_table_rows_ptr, cu_seqlens_q_ptr,
-                  seq_lens_ptr, counter_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items, num_kv_heads,
-                  stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP: gl.constexpr,
+                  seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items, num_kv_heads, stride_q_t,
+                  stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP: gl.constexpr,
                   HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
                   STAGES: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
                   HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
@@ -233,109 +242,46 @@ if gluon is not None:
         them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), then
         copies its K and V tiles into the ring, whose slots and phases run on across items (``t``: tiles handed
         over so far). So the consumers go from one item's last product to the next one's first without a load of
-        their own. Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp).
-
-        With a program per SM (``PRODUCER_Q``) items are handed out as programs free up: a program's first is its
-        id, each next one the grid plus a count taken from ``counter_ptr[0]`` (an atomic add), until one is past
-        ``num_items``, which goes to the consumers as the stop. A static share (every P-th item) left the program
-        with the most tiles 28% above the mean on 4 prompts of 2k (each sequence's items longest first, a saw
-        tooth the rounds cannot even out); taken in turn, within 1%. The last program to finish puts both counters
-        (``counter_ptr[1]`` counts finished programs) back to 0 for the next launch."""
-        if PRODUCER_Q:
-            # One item ahead: the next item's index and description loads are taken while this item's tiles
-            # stream, so at an item's end its successor is published without waiting for them.
-            item = gl.program_id(0)
-            work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                         num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                         HAS_BT_ROWS)  # fmt: skip
-            r = 0
-            t = 0
-            fixes = 0
-            going = item < num_items  # (true: there are at least as many items as programs)
-            while going:
-                n_tiles = _publish(item, r, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
-                                   stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
-                # (The round just published was the stop where the item is past the last.)
-                going = item < num_items
-                nxt = item
-                if going:
-                    nxt = gl.num_programs(0) + gl.atomic_add(counter_ptr, 1)
-                nxt_work = _work(nxt, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                                 num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                                 HAS_BT_ROWS)  # fmt: skip
-                t, fixes = _item_tiles(work, t, n_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem,
-                                       slot_ids, k_ready, v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b,
-                                       stride_k_slot, stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES,
-                                       GATHER)  # fmt: skip
-                item = nxt
-                work = nxt_work
-                r += 1
-            if gl.atomic_add(counter_ptr + 1, 1) == gl.num_programs(0) - 1:
-                # Every program has taken its last count: none reads the counters again in this launch.
-                gl.atomic_xchg(counter_ptr, 0)
-                gl.atomic_xchg(counter_ptr + 1, 0)
-        else:
-            item = gl.program_id(0)
-            work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                         num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                         HAS_BT_ROWS)  # fmt: skip
-            n_tiles = _publish(item, 0, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
-                               stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
-            _item_tiles(work, 0, n_tiles, 0, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
-                        v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
-                        HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-
-    @gluon.jit
-    def _publish(item, r, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t, stride_q_h,
-                 GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr,
-                 GATHER: gl.constexpr):  # fmt: skip
-        """Round ``r`` of the producer: item ``item``'s description (``work``, from ``_work``; past ``num_items``:
-        the consumers' stop) into q buffer ``r % Q_BUFS``, beside its query rows (``PRODUCER_Q``). Returns its KV
-        tiles (0 where it has no rows)."""
+        their own. Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
         WARPS: gl.constexpr = GATHER_WARPS if GATHER else 1
         item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=item_layout)
-        q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = work
-        live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
-        n_tiles = gl.where(live, n_tiles, 0)
-        b = r % Q_BUFS
-        mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
-        if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
-            if live:
-                _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
-                        GROUP, HEAD_DIM, WARPS)  # fmt: skip
-        # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head, stop) for the consumers: visible to them through
-        # the arrival below (after every producer thread's stores).
-        stop = (item >= num_items).to(gl.int32)
-        vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
-            fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
-                fields == 5, n_tiles, gl.where(fields == 6, kv_head, stop)))))))  # fmt: skip
-        item_smem.index(b).store(vals)
-        if PRODUCER_Q:
-            async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
-        thread_barrier()
-        mbarrier.arrive(q_ready.index(b), count=1)
-        return n_tiles
-
-    @gluon.jit
-    def _item_tiles(work, t, n_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
-                    v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
-                    HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
-                    STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """An item's ``n_tiles`` K and V tiles into the ring from position ``t``. Returns the ring position after
-        them and the TMA tail fix-ups' count."""
-        _, _, _, kv_head, kv_len, bt_row, _ = work
-        fixes = gl.to_tensor(fixes)  # (a program of one item passes a constant)
-        bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
-        if GATHER:
-            _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
-                         kv_len, kv_head * HEAD_DIM, t, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
-                         HEAD_DIM, BLOCK_N, STAGES)  # fmt: skip
-        else:
-            fixes = _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
-                              kv_len, kv_head * HEAD_DIM, t, n_tiles, fixes, PAGE_SIZE, BLOCK_N, COPY,
-                              STAGES)  # fmt: skip
-        return t + n_tiles, fixes
+        t = 0
+        fixes = 0
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1  # (the consumers' count)
+        for r in range(rounds):
+            item = _item(r, num_items)
+            q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = _work(
+                item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
+                num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
+            live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
+            n_tiles = gl.where(live, n_tiles, 0)
+            b = r % Q_BUFS
+            mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
+            if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
+                if live:
+                    _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
+                            GROUP, HEAD_DIM, WARPS)  # fmt: skip
+            # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through
+            # the arrival below (after every producer thread's stores).
+            vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
+                fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
+                    fields == 5, n_tiles, kv_head))))))  # fmt: skip
+            item_smem.index(b).store(vals)
+            if PRODUCER_Q:
+                async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
+            thread_barrier()
+            mbarrier.arrive(q_ready.index(b), count=1)
+            bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
+            if GATHER:
+                _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                             kv_len, kv_head * HEAD_DIM, t, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
+                             HEAD_DIM, BLOCK_N, STAGES)  # fmt: skip
+            else:
+                fixes = _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                                  kv_len, kv_head * HEAD_DIM, t, n_tiles, fixes, PAGE_SIZE, BLOCK_N, COPY,
+                                  STAGES)  # fmt: skip
+            t += n_tiles
 
     @gluon.jit
     def _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len, kv_col, t0,
@@ -513,59 +459,37 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(WG: gl.constexpr, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                  v_ready, k_empty, v_empty, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                  v_ready, k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                   GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
                   GATHER: gl.constexpr):  # fmt: skip
-        """One warpgroup over the program's work items, as the producer describes them, until its stop (one item
-        where a program runs one: its loop's carried state would cost the D256 accumulators registers, 8 -> 48
-        bytes of spills)."""
-        if PRODUCER_Q:
-            r = 0
-            t = 0
-            going = True
-            while going:
-                stop, n_tiles = _consume_item(
-                    WG, r, t, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                    v_ready, k_empty, v_empty, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP,
-                    HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)  # fmt: skip
-                going = stop == 0
-                t += n_tiles
-                r += 1
-        else:
-            _consume_item(WG, 0, 0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                          v_ready, k_empty, v_empty, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP,
-                          HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)  # fmt: skip
-
-    @gluon.jit
-    def _consume_item(WG: gl.constexpr, r, t, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty,
-                      k_ready, v_ready, k_empty, v_empty, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                      GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                      Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
-                      GATHER: gl.constexpr):  # fmt: skip
-        """Round ``r``: rows ``[WG * 64, WG * 64 + 64)`` of the described item's query tile (``t``: ring positions
-        consumed so far), copied by the producer (``PRODUCER_Q``) or loaded here; the q buffer is handed back once
-        the item's products are done. Returns (the description's stop flag, the item's KV tiles)."""
+        """One warpgroup over the program's work items, as the producer describes them: rows ``[WG * 64, WG * 64 +
+        64)`` of each item's query tile (``t``: ring positions consumed so far), copied by the producer
+        (``PRODUCER_Q``) or loaded here; each q buffer is handed back once the item's products are done."""
         fields_layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [4], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=fields_layout)
-        b = r % Q_BUFS
-        # (The q rows were copied with cp.async, through the generic proxy: fenced for the wgmma reads.)
-        mbarrier.wait(q_ready.index(b), (r // Q_BUFS) & 1)
-        if PRODUCER_Q:
-            fence_async_shared()
-        vals = item_smem.index(b).load(fields_layout)
-        n_tiles = _field(vals, fields, 5)
-        stop = _field(vals, fields, 7)
-        if _field(vals, fields, 0) != 0:
-            _consumer_item(WG, q_ptr, out_ptr, q_smem.index(2 * b + WG), k_smem, v_smem, k_ready, v_ready, k_empty,
-                           v_empty, _field(vals, fields, 1), _field(vals, fields, 2), _field(vals, fields, 3),
-                           _field(vals, fields, 6), _field(vals, fields, 4), t, n_tiles, qk_scale, stride_q_t,
-                           stride_q_h, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N, STAGES, not PRODUCER_Q,
-                           IS_CAUSAL, GATHER)  # fmt: skip
-        # Every warp of the group is past its products with this q buffer (and its reads of the description).
-        thread_barrier()
-        mbarrier.arrive(q_empty.index(b), count=1)
-        return stop, n_tiles
+        t = 0
+        # (A program per item runs one round, as a constant: a loop's carried state costs the D256 accumulators
+        # registers, 8 -> 48 bytes of spills.)
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1
+        for r in range(rounds):
+            b = r % Q_BUFS
+            # (The q rows were copied with cp.async, through the generic proxy: fenced for the wgmma reads.)
+            mbarrier.wait(q_ready.index(b), (r // Q_BUFS) & 1)
+            if PRODUCER_Q:
+                fence_async_shared()
+            vals = item_smem.index(b).load(fields_layout)
+            n_tiles = _field(vals, fields, 5)
+            if _field(vals, fields, 0) != 0:
+                _consumer_item(WG, q_ptr, out_ptr, q_smem.index(2 * b + WG), k_smem, v_smem, k_ready, v_ready,
+                               k_empty, v_empty, _field(vals, fields, 1), _field(vals, fields, 2),
+                               _field(vals, fields, 3), _field(vals, fields, 6), _field(vals, fields, 4), t, n_tiles,
+                               qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N,
+                               STAGES, not PRODUCER_Q, IS_CAUSAL, GATHER)  # fmt: skip
+            # Every warp of the group is past its products with this q buffer (and its reads of the description).
+            thread_barrier()
+            mbarrier.arrive(q_empty.index(b), count=1)
+            t += n_tiles
 
     @gluon.jit
     def _consumer_item(WG: gl.constexpr, q_ptr, out_ptr, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
@@ -657,13 +581,13 @@ if gluon is not None:
     # into a new compile).
     @gluon.jit(do_not_specialize=("num_seqs", "num_tokens", "max_pages", "num_bt_rows", "num_items", "stride_bt_b"))
     def _ws_prefill_kernel(q_ptr, out_ptr, k_desc, v_desc, k_ptr, v_ptr, block_table_ptr, block_table_rows_ptr,
-                           cu_seqlens_q_ptr, seq_lens_ptr, counter_ptr, qk_scale, num_seqs, num_tokens, max_pages,
-                           num_bt_rows, num_items, num_kv_heads, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
-                           stride_bt_b, stride_k_slot, stride_v_slot, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
+                           cu_seqlens_q_ptr, seq_lens_ptr, qk_scale, num_seqs, num_tokens, max_pages, num_bt_rows,
+                           num_items, num_kv_heads, stride_q_t, stride_q_h, stride_o_t, stride_o_h, stride_bt_b,
+                           stride_k_slot, stride_v_slot, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                            PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr, STAGES: gl.constexpr,
                            Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
                            HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        # A program runs work items (query block, KV head) as ``_producer`` hands them out: one per SM
+        # A program runs work items (query block, KV head) ``_item`` picks until ``num_items`` are done: one per SM
         # (each takes most of an SM's registers), its producer describing, and copying the query rows and first
         # KV tiles of, the next item while the consumers finish this one.
         dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -700,17 +624,17 @@ if gluon is not None:
 
         gl.warp_specialize([
             (_consumer, (0, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                         k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                          GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
             (_consumer, (1, q_ptr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                         k_empty, v_empty, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
+                         k_empty, v_empty, num_items, qk_scale, stride_q_t, stride_q_h, stride_o_t, stride_o_h,
                          GROUP, HEAD_DIM, BLOCK_N, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, GATHER)),
             (_producer, (q_ptr, k_desc, v_desc, k_ptr, v_ptr, q_smem, item_smem, k_smem, v_smem, slot_ids, q_ready,
                          q_empty, k_ready, v_ready, k_empty, v_empty, block_table_ptr, block_table_rows_ptr,
-                         cu_seqlens_q_ptr, seq_lens_ptr, counter_ptr, num_seqs, num_tokens, max_pages, num_bt_rows,
-                         num_items, num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot,
-                         GROUP, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL,
-                         HAS_BT_ROWS, GATHER)),
+                         cu_seqlens_q_ptr, seq_lens_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, num_items,
+                         num_kv_heads, stride_q_t, stride_q_h, stride_bt_b, stride_k_slot, stride_v_slot, GROUP,
+                         HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, Q_BUFS, PRODUCER_Q, IS_CAUSAL, HAS_BT_ROWS,
+                         GATHER)),
         ], [4, GATHER_WARPS if GATHER else 1], [CONSUMER_REGS, GATHER_REGS if GATHER else PRODUCER_REGS])  # fmt: skip
 
 
@@ -749,14 +673,13 @@ class WsLaunch:
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
             block_table_rows: torch.Tensor | None, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-            out: torch.Tensor, counter: torch.Tensor) -> None:  # fmt: skip
+            out: torch.Tensor) -> None:  # fmt: skip
         """Launch on tensors with the metadata prepared from (caches at 16-byte aligned addresses): writes
-        ``out`` [T, Hq, D]. ``counter``: two int32 zeros on the device, no other launch using them meanwhile (the
-        items' hand-out; the launch leaves them zero)."""
+        ``out`` [T, Hq, D]."""
         _ws_prefill_kernel[self.grid](
             q, out, _descriptor(k_cache, self.rows, self.layout), _descriptor(v_cache, self.rows, self.layout),
             k_cache, v_cache, block_table, block_table_rows if block_table_rows is not None else block_table,
-            cu_seqlens_q, seq_lens, counter, *self.scalars, k_cache.stride(1), v_cache.stride(1), **self.constexprs,
+            cu_seqlens_q, seq_lens, *self.scalars, k_cache.stride(1), v_cache.stride(1), **self.constexprs,
         )  # fmt: skip
 
 
