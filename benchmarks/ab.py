@@ -24,6 +24,7 @@ import torch
 
 from triton_paged_ops import configs as config_tables
 from triton_paged_ops.bench import SUITES, Case, _git_sha, finish, run_suite
+from triton_paged_ops.bench import select_cases as bench_select
 from triton_paged_ops.configs.heuristic import attention_config_override
 
 
@@ -54,10 +55,8 @@ def case_in(case: Case, dtype: str) -> Case:
 
 
 def select_cases(cases: list[Case], only: list[str] | None, skip: list[str] | None) -> list[Case]:
-    """The cases whose name contains one of ``only`` (all if None) and none of ``skip``."""
-    return [
-        c for c in cases if (not only or any(s in c.name for s in only)) and not any(s in c.name for s in skip or ())
-    ]
+    """The cases ``only`` names (all if None; see ``bench.select_cases``) whose name contains none of ``skip``."""
+    return [c for c in bench_select(cases, only) if not any(s in c.name for s in skip or ())]
 
 
 def run(cases: list[Case], configs: list[dict], rounds: int = 1, seed: int = 0, invariant: bool = False,
@@ -105,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", nargs="+", default=["{}"], metavar="JSON",
                    help="config overrides to compare, each a JSON object "
                    "(e.g. '{\"acc_rescale\": \"always\"}')")  # fmt: skip
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name contains one of these")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="cases whose name contains one of these, or is one written after '='")  # fmt: skip
     p.add_argument("--skip", nargs="+", default=None, metavar="NAME", help="leave out cases whose name contains one")
     p.add_argument("--rounds", type=int, default=1, help="times every config runs the cases (default 1)")
     p.add_argument("--batch-invariant", action="store_true", help="also time batch-invariant mode on the same inputs")

@@ -134,6 +134,24 @@ def test_short_suite_cases_are_short_queries():
         assert all(1 < q <= min(k, MAX_SPLIT_Q_LEN) for q, k in zip(c.queries(), c.kv_lens)), c.name
 
 
+def test_cases_are_picked_by_part_of_their_name_or_exactly_after_an_equals_sign():
+    """``--only``: an entry picks every case whose name contains it; one after ``=`` only the case of that name
+    (``prefill 4x2k`` alone is part of five names); suite order kept; nothing picks nothing."""
+    from benchmarks import ab
+    from triton_paged_ops.bench import SUITES, select_cases
+
+    cases = SUITES["prefill"]()
+    names = [c.name for c in cases]
+    pick = lambda only: [c.name for c in select_cases(cases, only)]  # noqa: E731
+    assert pick(None) == names
+    part = pick(["prefill 4x2k"])
+    assert part == [n for n in names if n.startswith("prefill 4x2k")] and len(part) == 5
+    assert pick(["=prefill 4x2k"]) == ["prefill 4x2k"]
+    assert pick(["=prefill 4x2k", "1x8k"]) == [n for n in names if n in ("prefill 4x2k", "prefill 1x8k")]
+    assert pick(["=prefill 4x2", "=nothing"]) == []
+    assert [c.name for c in ab.select_cases(cases, ["=prefill 4x2k", "D64"], ["D64"])] == ["prefill 4x2k"]
+
+
 def test_prefill_suite_cases_and_causal_flops():
     """Prefill cases follow the suite's definition (new tokens fit their keys; the mixed batch is its two parts),
     and the FLOP count is the causal mask's visible pairs, counted here from an explicit mask."""

@@ -555,6 +555,16 @@ def plot_records(result: dict, path: str) -> None:
     plt.close(fig)
 
 
+def select_cases(cases: list, only: list[str] | None) -> list:
+    """The cases named by ``only`` (all without it), in suite order: a name containing one of its entries, or equal
+    to one written after ``=``."""
+    if not only:
+        return cases
+    exact = {s[1:] for s in only if s.startswith("=")}
+    parts = [s for s in only if not s.startswith("=")]
+    return [c for c in cases if c.name in exact or any(s in c.name for s in parts)]
+
+
 def run_benchmark(
     out: str | None, png: str | None, only: list[str] | None, with_sdpa: bool, config: dict[str, int], seed: int,
     prog: str, argv: list[str] | None, with_invariant: bool = False, suite: str = "decode", hints: bool = True,
@@ -567,12 +577,10 @@ def run_benchmark(
     if not torch.cuda.is_available():
         print("the benchmark needs a CUDA GPU", file=sys.stderr)
         return 2
-    cases = SUITES[suite]()
-    if only:
-        cases = [c for c in cases if any(s in c.name for s in only)]
-        if not cases:
-            print(f"no case matches {only}; cases: {[c.name for c in SUITES[suite]()]}", file=sys.stderr)
-            return 2
+    cases = select_cases(SUITES[suite](), only)
+    if not cases:
+        print(f"no case matches {only}; cases: {[c.name for c in SUITES[suite]()]}", file=sys.stderr)
+        return 2
     with attention_config_override(**config):
         result = run_suite(cases, seed=seed, with_sdpa=with_sdpa, with_invariant=with_invariant, hints=hints)
     result["config"], result["suite"], result["decode_tail_hints"] = config, suite, hints
@@ -597,7 +605,8 @@ def add_bench_arguments(p, out_default: str | None, png_default: str | None, see
     p.add_argument("--out", default=out_default, help=f"JSON file to write (default: {out_default or 'none'})")
     p.add_argument("--png", default=png_default, help=f"bar chart to write (default: {png_default or 'none'})")
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
-                   help="run only the cases whose name contains one of these (e.g. B32x4k ragged)")  # fmt: skip
+                   help="run only the cases whose name contains one of these (e.g. B32x4k ragged), or is one "
+                        "written after '=' (e.g. '=prefill 4x2k')")  # fmt: skip
     p.add_argument("--no-sdpa", action="store_true", help="skip the same-run dense SDPA comparison")
     p.add_argument("--batch-invariant", action="store_true",
                    help="also time batch-invariant mode on the same inputs (provider tpa_invariant)")  # fmt: skip
