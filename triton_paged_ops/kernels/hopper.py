@@ -239,117 +239,55 @@ if gluon is not None:
                   STAGES: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
                   HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         """The producer, over the program's work items: finds each item's sequence, query block and keys, writes
-        them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), and
+        them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), then
         copies its K and V tiles into the ring, whose slots and phases run on across items (``t``: tiles handed
-        over so far). Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp).
-
-        With a program per SM, item r + 1 is described (its loads, its q rows copied, its description written)
-        once item r's first ``STAGES`` tiles are on their way, while the ring is full, so at item r's end the
-        consumers find the next description and q rows in place and wait only for its first K tile, which
-        follows item r's last V tile at once. (Describing it after item r's last tile put the description's
-        dependent loads and the q rows' copy between the two.)"""
-        if PRODUCER_Q:
-            # Round k: item k described, then item k - 1's tiles after its first STAGES, then item k's first
-            # STAGES (so the ring keeps its order); item k - 1's consumers, whose q buffer item k + 1 takes, have
-            # all of its tiles once round k is done.
-            rounds = gl.cdiv(num_items, gl.num_programs(0))
-            prev = _work(_item(0, num_items), num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr,
-                         block_table_rows_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE,
-                         BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
-            prev_t = 0
-            prev_head = 0
-            prev_tiles = 0
-            fixes = 0
-            for k in range(rounds):
-                item = _item(k, num_items)
-                work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                             num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                             HAS_BT_ROWS)  # fmt: skip
-                n_tiles = _publish(item, k, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
-                                   stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
-                fixes = _item_tiles(prev, prev_t, prev_head, prev_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem,
-                                    v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                                    stride_bt_b, stride_k_slot, stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY,
-                                    STAGES, GATHER)  # fmt: skip
-                t = prev_t + prev_tiles
-                head = gl.minimum(n_tiles, STAGES)
-                fixes = _item_tiles(work, t, 0, head, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids,
-                                    k_ready, v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot,
-                                    stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-                prev = work
-                prev_t = t
-                prev_head = head
-                prev_tiles = n_tiles
-            _item_tiles(prev, prev_t, prev_head, prev_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem,
-                        slot_ids, k_ready, v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot,
-                        stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-        else:
-            item = gl.program_id(0)
-            work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                         num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                         HAS_BT_ROWS)  # fmt: skip
-            n_tiles = _publish(item, 0, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
-                               stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
-            _item_tiles(work, 0, 0, n_tiles, 0, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
-                        v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
-                        HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-
-    @gluon.jit
-    def _publish(item, r, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t, stride_q_h,
-                 GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr,
-                 GATHER: gl.constexpr):  # fmt: skip
-        """Round ``r`` of the producer: item ``item``'s description (``work``, from ``_work``) into q buffer
-        ``r % Q_BUFS`` once both consumers have handed it back, beside its query rows (``PRODUCER_Q``). Returns
-        its KV tiles (0 where it has no rows)."""
+        over so far). So the consumers go from one item's last product to the next one's first without a load of
+        their own. Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
         WARPS: gl.constexpr = GATHER_WARPS if GATHER else 1
         item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=item_layout)
-        q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = work
-        live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
-        n_tiles = gl.where(live, n_tiles, 0)
-        b = r % Q_BUFS
-        mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
-        if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
-            if live:
-                _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
-                        GROUP, HEAD_DIM, WARPS)  # fmt: skip
-        # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through the
-        # arrival below (after every producer thread's stores).
-        vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
-            fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
-                fields == 5, n_tiles, kv_head))))))  # fmt: skip
-        item_smem.index(b).store(vals)
-        if PRODUCER_Q:
-            async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
-        thread_barrier()
-        mbarrier.arrive(q_ready.index(b), count=1)
-        return n_tiles
-
-    @gluon.jit
-    def _item_tiles(work, t0, j0, j1, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
-                    v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
-                    HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
-                    STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """Tiles ``[j0, j1)`` of an item (``work``) whose tile 0 is ring position ``t0``, into the ring (a gathering
-        producer copies them all: ``j0`` is 0 there). Returns the TMA tail fix-ups' count."""
-        _, _, _, kv_head, kv_len, bt_row, _ = work
-        fixes = gl.to_tensor(fixes)  # (a program of one item passes a constant)
-        bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
-        if GATHER:
-            _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
-                         kv_len, kv_head * HEAD_DIM, t0, j1, stride_k_slot, stride_v_slot, PAGE_SIZE,
-                         HEAD_DIM, BLOCK_N, STAGES)  # fmt: skip
-        else:
-            fixes = _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
-                              kv_len, kv_head * HEAD_DIM, t0, j0, j1, fixes, PAGE_SIZE, BLOCK_N, COPY,
-                              STAGES)  # fmt: skip
-        return fixes
+        t = 0
+        fixes = 0
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1  # (the consumers' count)
+        for r in range(rounds):
+            item = _item(r, num_items)
+            q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = _work(
+                item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
+                num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
+            live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
+            n_tiles = gl.where(live, n_tiles, 0)
+            b = r % Q_BUFS
+            mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
+            if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
+                if live:
+                    _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
+                            GROUP, HEAD_DIM, WARPS)  # fmt: skip
+            # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through
+            # the arrival below (after every producer thread's stores).
+            vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
+                fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
+                    fields == 5, n_tiles, kv_head))))))  # fmt: skip
+            item_smem.index(b).store(vals)
+            if PRODUCER_Q:
+                async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
+            thread_barrier()
+            mbarrier.arrive(q_ready.index(b), count=1)
+            bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
+            if GATHER:
+                _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                             kv_len, kv_head * HEAD_DIM, t, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
+                             HEAD_DIM, BLOCK_N, STAGES)  # fmt: skip
+            else:
+                fixes = _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                                  kv_len, kv_head * HEAD_DIM, t, n_tiles, fixes, PAGE_SIZE, BLOCK_N, COPY,
+                                  STAGES)  # fmt: skip
+            t += n_tiles
 
     @gluon.jit
     def _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len, kv_col, t0,
-                  j0, n_tiles, fixes, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
+                  n_tiles, fixes, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
                   STAGES: gl.constexpr):  # fmt: skip
-        """One item, one warp: copies the K and V tiles of keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``, ``j0`` <= j <
+        """One item, one warp: copies the K and V tiles of keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``, j <
         ``n_tiles``, page by page into ring slots from ``t0`` on, each once both consumers have released it. A tile
         reaching past the sequence gets its V rows there zeroed (they multiply probabilities of 0, and stale cache
         slots may hold NaN); its keys are masked by the consumers. Returns the fix-ups done so far (``fixes``: the
@@ -358,7 +296,7 @@ if gluon is not None:
         tile_bytes: gl.constexpr = BLOCK_N * D * k_desc.block_type.element_ty.primitive_bitwidth // 8
         fix_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
         n_pages = gl.cdiv(kv_len, PAGE_SIZE)
-        for j in range(j0, n_tiles):
+        for j in range(n_tiles):
             s = (t0 + j) % STAGES
             phase = ((t0 + j) // STAGES) & 1
             mbarrier.wait(k_empty.index(s), phase ^ 1)
