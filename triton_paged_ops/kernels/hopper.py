@@ -239,117 +239,55 @@ if gluon is not None:
                   STAGES: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr, IS_CAUSAL: gl.constexpr,
                   HAS_BT_ROWS: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
         """The producer, over the program's work items: finds each item's sequence, query block and keys, writes
-        them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), and
+        them for the consumers into one of ``Q_BUFS`` buffers, beside the item's query rows (``PRODUCER_Q``), then
         copies its K and V tiles into the ring, whose slots and phases run on across items (``t``: tiles handed
-        over so far). Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp).
-
-        With a program per SM, item r + 1 is described (its loads, its q rows copied, its description written)
-        once item r's first ``STAGES`` tiles are on their way, while the ring is full, so at item r's end the
-        consumers find the next description and q rows in place and wait only for its first K tile, which
-        follows item r's last V tile at once. (Describing it after item r's last tile put the description's
-        dependent loads and the q rows' copy between the two.)"""
-        if PRODUCER_Q:
-            # Round k: item k described, then item k - 1's tiles after its first STAGES, then item k's first
-            # STAGES (so the ring keeps its order); item k - 1's consumers, whose q buffer item k + 1 takes, have
-            # all of its tiles once round k is done.
-            rounds = gl.cdiv(num_items, gl.num_programs(0))
-            prev = _work(_item(0, num_items), num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr,
-                         block_table_rows_ptr, num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE,
-                         BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
-            prev_t = 0
-            prev_head = 0
-            prev_tiles = 0
-            fixes = 0
-            for k in range(rounds):
-                item = _item(k, num_items)
-                work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                             num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                             HAS_BT_ROWS)  # fmt: skip
-                n_tiles = _publish(item, k, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
-                                   stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
-                fixes = _item_tiles(prev, prev_t, prev_head, prev_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem,
-                                    v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, block_table_ptr,
-                                    stride_bt_b, stride_k_slot, stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY,
-                                    STAGES, GATHER)  # fmt: skip
-                t = prev_t + prev_tiles
-                head = gl.minimum(n_tiles, STAGES)
-                fixes = _item_tiles(work, t, 0, head, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids,
-                                    k_ready, v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot,
-                                    stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-                prev = work
-                prev_t = t
-                prev_head = head
-                prev_tiles = n_tiles
-            _item_tiles(prev, prev_t, prev_head, prev_tiles, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem,
-                        slot_ids, k_ready, v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot,
-                        stride_v_slot, HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-        else:
-            item = gl.program_id(0)
-            work = _work(item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr,
-                         num_seqs, num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL,
-                         HAS_BT_ROWS)  # fmt: skip
-            n_tiles = _publish(item, 0, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t,
-                               stride_q_h, GROUP, HEAD_DIM, Q_BUFS, PRODUCER_Q, GATHER)  # fmt: skip
-            _item_tiles(work, 0, 0, n_tiles, 0, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
-                        v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
-                        HEAD_DIM, PAGE_SIZE, BLOCK_N, COPY, STAGES, GATHER)  # fmt: skip
-
-    @gluon.jit
-    def _publish(item, r, work, q_ptr, q_smem, item_smem, q_ready, q_empty, num_items, stride_q_t, stride_q_h,
-                 GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, Q_BUFS: gl.constexpr, PRODUCER_Q: gl.constexpr,
-                 GATHER: gl.constexpr):  # fmt: skip
-        """Round ``r`` of the producer: item ``item``'s description (``work``, from ``_work``) into q buffer
-        ``r % Q_BUFS`` once both consumers have handed it back, beside its query rows (``PRODUCER_Q``). Returns
-        its KV tiles (0 where it has no rows)."""
+        over so far). So the consumers go from one item's last product to the next one's first without a load of
+        their own. Key-by-key gathers (``GATHER``, a warpgroup) or TMA copies of whole pages (one warp)."""
         WARPS: gl.constexpr = GATHER_WARPS if GATHER else 1
         item_layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=item_layout)
-        q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = work
-        live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
-        n_tiles = gl.where(live, n_tiles, 0)
-        b = r % Q_BUFS
-        mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
-        if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
-            if live:
-                _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
-                        GROUP, HEAD_DIM, WARPS)  # fmt: skip
-        # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through the
-        # arrival below (after every producer thread's stores).
-        vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
-            fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
-                fields == 5, n_tiles, kv_head))))))  # fmt: skip
-        item_smem.index(b).store(vals)
-        if PRODUCER_Q:
-            async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
-        thread_barrier()
-        mbarrier.arrive(q_ready.index(b), count=1)
-        return n_tiles
-
-    @gluon.jit
-    def _item_tiles(work, t0, j0, j1, fixes, k_desc, v_desc, k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready,
-                    v_ready, k_empty, v_empty, block_table_ptr, stride_bt_b, stride_k_slot, stride_v_slot,
-                    HEAD_DIM: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
-                    STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """Tiles ``[j0, j1)`` of an item (``work``) whose tile 0 is ring position ``t0``, into the ring (a gathering
-        producer copies them all: ``j0`` is 0 there). Returns the TMA tail fix-ups' count."""
-        _, _, _, kv_head, kv_len, bt_row, _ = work
-        fixes = gl.to_tensor(fixes)  # (a program of one item passes a constant)
-        bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
-        if GATHER:
-            _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
-                         kv_len, kv_head * HEAD_DIM, t0, j1, stride_k_slot, stride_v_slot, PAGE_SIZE,
-                         HEAD_DIM, BLOCK_N, STAGES)  # fmt: skip
-        else:
-            fixes = _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
-                              kv_len, kv_head * HEAD_DIM, t0, j0, j1, fixes, PAGE_SIZE, BLOCK_N, COPY,
-                              STAGES)  # fmt: skip
-        return fixes
+        t = 0
+        fixes = 0
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1  # (the consumers' count)
+        for r in range(rounds):
+            item = _item(r, num_items)
+            q_start, q_len, q_block, kv_head, kv_len, bt_row, n_tiles = _work(
+                item, num_items, num_kv_heads, cu_seqlens_q_ptr, seq_lens_ptr, block_table_rows_ptr, num_seqs,
+                num_tokens, max_pages, num_bt_rows, GROUP, PAGE_SIZE, BLOCK_N, IS_CAUSAL, HAS_BT_ROWS)  # fmt: skip
+            live = (item < num_items) & (q_block >= 0) & (q_block * BLOCK_M // GROUP < q_len)
+            n_tiles = gl.where(live, n_tiles, 0)
+            b = r % Q_BUFS
+            mbarrier.wait(q_empty.index(b), ((r // Q_BUFS) & 1) ^ 1)
+            if PRODUCER_Q:  # noqa: SIM102 (a compile-time test, then a run-time one)
+                if live:
+                    _copy_q(q_ptr, q_smem, b, q_start, q_len, q_block, kv_head, stride_q_t, stride_q_h,
+                            GROUP, HEAD_DIM, WARPS)  # fmt: skip
+            # (live, q_start, q_len, q_block, kv_len, n_tiles, kv_head) for the consumers: visible to them through
+            # the arrival below (after every producer thread's stores).
+            vals = gl.where(fields == 0, live.to(gl.int32), gl.where(fields == 1, q_start, gl.where(
+                fields == 2, q_len, gl.where(fields == 3, q_block, gl.where(fields == 4, kv_len, gl.where(
+                    fields == 5, n_tiles, kv_head))))))  # fmt: skip
+            item_smem.index(b).store(vals)
+            if PRODUCER_Q:
+                async_copy.mbarrier_arrive(q_ready.index(b), increment_count=False)
+            thread_barrier()
+            mbarrier.arrive(q_ready.index(b), count=1)
+            bt_row_ptr = block_table_ptr + bt_row * stride_bt_b
+            if GATHER:
+                _gather_item(k_ptr, v_ptr, k_smem, v_smem, slot_ids, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                             kv_len, kv_head * HEAD_DIM, t, n_tiles, stride_k_slot, stride_v_slot, PAGE_SIZE,
+                             HEAD_DIM, BLOCK_N, STAGES)  # fmt: skip
+            else:
+                fixes = _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr,
+                                  kv_len, kv_head * HEAD_DIM, t, n_tiles, fixes, PAGE_SIZE, BLOCK_N, COPY,
+                                  STAGES)  # fmt: skip
+            t += n_tiles
 
     @gluon.jit
     def _tma_item(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, bt_row_ptr, kv_len, kv_col, t0,
-                  j0, n_tiles, fixes, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
+                  n_tiles, fixes, PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, COPY: gl.constexpr,
                   STAGES: gl.constexpr):  # fmt: skip
-        """One item, one warp: copies the K and V tiles of keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``, ``j0`` <= j <
+        """One item, one warp: copies the K and V tiles of keys ``[j * BLOCK_N, (j + 1) * BLOCK_N)``, j <
         ``n_tiles``, page by page into ring slots from ``t0`` on, each once both consumers have released it. A tile
         reaching past the sequence gets its V rows there zeroed (they multiply probabilities of 0, and stale cache
         slots may hold NaN); its keys are masked by the consumers. Returns the fix-ups done so far (``fixes``: the
@@ -358,7 +296,7 @@ if gluon is not None:
         tile_bytes: gl.constexpr = BLOCK_N * D * k_desc.block_type.element_ty.primitive_bitwidth // 8
         fix_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
         n_pages = gl.cdiv(kv_len, PAGE_SIZE)
-        for j in range(j0, n_tiles):
+        for j in range(n_tiles):
             s = (t0 + j) % STAGES
             phase = ((t0 + j) // STAGES) & 1
             mbarrier.wait(k_empty.index(s), phase ^ 1)
@@ -528,17 +466,12 @@ if gluon is not None:
         """One warpgroup over the program's work items, as the producer describes them: rows ``[WG * 64, WG * 64 +
         64)`` of each item's query tile (``t``: ring positions consumed so far), copied by the producer
         (``PRODUCER_Q``) or loaded here; each q buffer is handed back once the item's products are done."""
-        if PRODUCER_Q:
-            _consumer_stream(WG, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready, v_ready,
-                             k_empty, v_empty, num_items, qk_scale, stride_o_t, stride_o_h, GROUP, HEAD_DIM, BLOCK_N,
-                             STAGES, IS_CAUSAL, GATHER)  # fmt: skip
-            return
         fields_layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [4], [0])
         fields = gl.arange(0, ITEM_FIELDS, layout=fields_layout)
         t = 0
         # (A program per item runs one round, as a constant: a loop's carried state costs the D256 accumulators
         # registers, 8 -> 48 bytes of spills.)
-        rounds = 1
+        rounds = gl.cdiv(num_items, gl.num_programs(0)) if PRODUCER_Q else 1
         for r in range(rounds):
             b = r % Q_BUFS
             # (The q rows were copied with cp.async, through the generic proxy: fenced for the wgmma reads.)
@@ -557,213 +490,6 @@ if gluon is not None:
             thread_barrier()
             mbarrier.arrive(q_empty.index(b), count=1)
             t += n_tiles
-
-    @gluon.jit
-    def _first_tile(q_tile, k_smem, k_ready, k_empty, zero_s, g, n_full, s_limit, s_cols, m_i, l_i, qk_scale,
-                    p_layout: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    GATHER: gl.constexpr):  # fmt: skip
-        """An item's first tile (ring position ``g``), with no PV to run beside it: (P as the PV operand, max,
-        sums)."""
-        _ready(k_ready.index(g % STAGES), (g // STAGES) & 1, GATHER)
-        qk = _scores(q_tile, k_smem, k_empty, zero_s, g, STAGES)
-        p, _, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
-        return gl.convert_layout(p.to(q_tile.dtype), p_layout), m_i, l_i
-
-    @gluon.jit
-    def _tile_step(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero_s, g, j, p_op, acc, m_i, l_i,
-                   n_full, s_limit, s_cols, qk_scale, o_layout: gl.constexpr, p_layout: gl.constexpr,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """Tile ``j`` of an item (ring position ``g``): its QK^T and tile j-1's PV issued together, this tile's
-        softmax beside the PV (wgmma groups complete in issue order: waiting for all but one leaves PV running).
-        Returns (P, accumulator, max, sums)."""
-        s = g % STAGES
-        mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
-        sp = (g - 1) % STAGES
-        _ready(v_ready.index(sp), ((g - 1) // STAGES) & 1, GATHER)  # (one fence for both slots)
-        k_tile = k_smem.index(s)
-        qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-        v_tile = v_smem.index(sp)
-        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-        qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
-        thread_barrier()
-        mbarrier.arrive(k_empty.index(s), count=1)
-        p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
-        acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
-        thread_barrier()
-        mbarrier.arrive(v_empty.index(sp), count=1)
-        # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        return gl.convert_layout(p.to(p_op.dtype), p_layout), acc, m_i, l_i
-
-    @gluon.jit
-    def _last_pv(p_op, acc, v_smem, v_ready, v_empty, g, STAGES: gl.constexpr, GATHER: gl.constexpr):
-        """The PV product of an item's last tile (ring position ``g``), waited for, its V slot released."""
-        _ready(v_ready.index(g % STAGES), (g // STAGES) & 1, GATHER)
-        v_tile = v_smem.index(g % STAGES)
-        acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-        acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
-        thread_barrier()
-        mbarrier.arrive(v_empty.index(g % STAGES), count=1)
-        return acc
-
-    @gluon.jit
-    def _store_out(acc, l_i, out_ptr, row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP: gl.constexpr,
-                   HEAD_DIM: gl.constexpr, o_layout: gl.constexpr):  # fmt: skip
-        """The 64 rows' outputs from ``row0``, normalized (a row with no visible key writes zeros)."""
-        io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        inv = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)
-        acc = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
-        o = gl.convert_layout(acc.to(out_ptr.dtype.element_ty), io_layout)
-        o_off, cols, valid = _row_offsets(row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP, HEAD_DIM,
-                                          io_layout)  # fmt: skip
-        gl.store(out_ptr + o_off[:, None] + cols[None, :], o, mask=valid)
-
-    @gluon.jit
-    def _wg_rows(WG: gl.constexpr, live, q_block, q_len, kv_len, n_tiles, s_layout: gl.constexpr,
-                 GROUP: gl.constexpr, BLOCK_N: gl.constexpr, IS_CAUSAL: gl.constexpr):  # fmt: skip
-        """This warpgroup's part of an item: (first row, tiles every row sees whole, tiles it reads: 0 where it
-        holds no token or the item is not live, each row's key limit)."""
-        row0 = q_block * BLOCK_M + WG * ROWS
-        has_rows = live & (row0 // GROUP < q_len)
-        n_full, my_tiles = _row_tiles(row0, q_len, kv_len, n_tiles, GROUP, BLOCK_N, IS_CAUSAL)
-        my_tiles = gl.where(has_rows, my_tiles, 0)
-        s_rows = row0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-        s_limit = kv_len + 0 * s_rows
-        if IS_CAUSAL:
-            s_limit = gl.minimum(s_limit, kv_len - q_len + s_rows // GROUP + 1)
-        return row0, n_full, my_tiles, s_limit
-
-    @gluon.jit
-    def _consumer_stream(WG: gl.constexpr, out_ptr, q_smem, item_smem, k_smem, v_smem, q_ready, q_empty, k_ready,
-                         v_ready, k_empty, v_empty, num_items, qk_scale, stride_o_t, stride_o_h, GROUP: gl.constexpr,
-                         HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         IS_CAUSAL: gl.constexpr, GATHER: gl.constexpr):  # fmt: skip
-        """One warpgroup of a program per SM over its items as one stream of tiles: at an item's end the next
-        item's first QK^T is issued with this item's last PV and its softmax runs beside that PV, as within an item
-        (an item's first tile otherwise has no product beside its softmax). The q rows come from the producer, two
-        buffers alternating. Where this warpgroup leaves more than ``STAGES - 1`` of an item's tiles to the other
-        one, the producer needs this item's last V slot back before it can describe the next item: this item ends
-        first, as where either has no rows here."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])  # fmt: skip
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        fields_layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [4], [0])
-        dtype: gl.constexpr = out_ptr.dtype.element_ty
-        fields = gl.arange(0, ITEM_FIELDS, layout=fields_layout)
-        s_cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        zero_s = gl.zeros([ROWS, BLOCK_N], gl.float32, layout=s_layout)
-        neg_inf = gl.full([ROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        zero_l = gl.full([ROWS], 0.0, gl.float32, layout=gl.SliceLayout(1, s_layout))
-        zero_o = gl.zeros([ROWS, HEAD_DIM], gl.float32, layout=o_layout)
-        rounds = gl.cdiv(num_items, gl.num_programs(0))
-
-        # Item 0: its description and first tile.
-        mbarrier.wait(q_ready.index(0), 0)
-        fence_async_shared()  # (the q rows were copied with cp.async, through the generic proxy)
-        vals = item_smem.index(0).load(fields_layout)
-        live = _field(vals, fields, 0) != 0
-        q_start = _field(vals, fields, 1)
-        q_len = _field(vals, fields, 2)
-        q_block = _field(vals, fields, 3)
-        kv_len = _field(vals, fields, 4)
-        n_tiles = _field(vals, fields, 5)
-        kv_head = _field(vals, fields, 6)
-        row0, n_full, my_tiles, s_limit = _wg_rows(WG, live, q_block, q_len, kv_len, n_tiles, s_layout, GROUP,
-                                                   BLOCK_N, IS_CAUSAL)  # fmt: skip
-        m_i = neg_inf
-        l_i = zero_l
-        acc = zero_o
-        p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
-        t = 0
-        if my_tiles > 0:
-            p_op, m_i, l_i = _first_tile(q_smem.index(WG), k_smem, k_ready, k_empty, zero_s, t, n_full, s_limit,
-                                         s_cols, m_i, l_i, qk_scale, p_layout, BLOCK_N, STAGES, GATHER)  # fmt: skip
-        for r in range(rounds):
-            b = r % 2
-            q_tile = q_smem.index(2 * b + WG)
-            for j in range(1, my_tiles):
-                p_op, acc, m_i, l_i = _tile_step(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero_s,
-                                                 t + j, j, p_op, acc, m_i, l_i, n_full, s_limit, s_cols, qk_scale,
-                                                 o_layout, p_layout, BLOCK_N, STAGES, GATHER)  # fmt: skip
-            n_t = t + n_tiles
-            nb = 1 - b
-            has_next = r + 1 < rounds
-            # Overlap with the next item only where this item's last V slot is not needed for the producer to
-            # copy the rest of this item (so that the next description comes): at most STAGES - 1 tiles left to
-            # the other warpgroup. Otherwise this item ends first.
-            may_overlap = (my_tiles > 0) & (n_tiles - my_tiles < STAGES) & has_next
-            if gl.where(may_overlap, 0, my_tiles) > 0:
-                acc = _last_pv(p_op, acc, v_smem, v_ready, v_empty, t + my_tiles - 1, STAGES, GATHER)
-                _release(k_ready, v_ready, k_empty, v_empty, t + my_tiles, n_t, STAGES)
-                _store_out(acc, l_i, out_ptr, row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP,
-                           HEAD_DIM, o_layout)  # fmt: skip
-            if my_tiles == 0:
-                _release(k_ready, v_ready, k_empty, v_empty, t, n_t, STAGES)
-            # The next item's description (none after the last round: a stale one, not live).
-            if has_next:
-                mbarrier.wait(q_ready.index(nb), ((r + 1) // 2) & 1)
-                fence_async_shared()
-            nvals = item_smem.index(nb).load(fields_layout)
-            n_live = (_field(nvals, fields, 0) != 0) & has_next
-            n_q_start = _field(nvals, fields, 1)
-            n_q_len = _field(nvals, fields, 2)
-            n_q_block = _field(nvals, fields, 3)
-            n_kv_len = _field(nvals, fields, 4)
-            n_n_tiles = gl.where(has_next, _field(nvals, fields, 5), 0)
-            n_kv_head = _field(nvals, fields, 6)
-            n_row0, n_n_full, n_my_tiles, n_s_limit = _wg_rows(WG, n_live, n_q_block, n_q_len, n_kv_len, n_n_tiles,
-                                                               s_layout, GROUP, BLOCK_N, IS_CAUSAL)  # fmt: skip
-            overlap = may_overlap & (n_my_tiles > 0)
-            m_n = neg_inf
-            l_n = zero_l
-            p_n = p_op
-            if may_overlap:
-                last = t + my_tiles - 1
-                # (Tiles of this item left to the other warpgroup come first in the ring.)
-                _release(k_ready, v_ready, k_empty, v_empty, t + my_tiles, n_t, STAGES)
-                if overlap:
-                    nq_tile = q_smem.index(2 * nb + WG)
-                    k_tile = k_smem.index(n_t % STAGES)
-                    _ready(k_ready.index(n_t % STAGES), (n_t // STAGES) & 1, GATHER)
-                    qk = warpgroup_mma(nq_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
-                    _ready(v_ready.index(last % STAGES), (last // STAGES) & 1, GATHER)
-                    v_tile = v_smem.index(last % STAGES)
-                    acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-                    qk, _, _ = warpgroup_mma_wait(1, deps=[qk, nq_tile, k_tile])
-                    thread_barrier()
-                    mbarrier.arrive(k_empty.index(n_t % STAGES), count=1)
-                    p, _, m_n, l_n = _softmax_step(qk, 0, n_n_full, n_s_limit, s_cols, m_n, l_n, qk_scale, BLOCK_N)
-                    acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
-                    thread_barrier()
-                    mbarrier.arrive(v_empty.index(last % STAGES), count=1)
-                    p_n = gl.convert_layout(p.to(dtype), p_layout)
-                else:
-                    acc = _last_pv(p_op, acc, v_smem, v_ready, v_empty, last, STAGES, GATHER)
-                _store_out(acc, l_i, out_ptr, row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP,
-                           HEAD_DIM, o_layout)  # fmt: skip
-            # Every warp of the group is past its products with this q buffer (and its reads of the description).
-            thread_barrier()
-            mbarrier.arrive(q_empty.index(b), count=1)
-            if gl.where(overlap, 0, n_my_tiles) > 0:  # (not overlapped: the next item's first tile alone)
-                p_n, m_n, l_n = _first_tile(q_smem.index(2 * nb + WG), k_smem, k_ready, k_empty, zero_s, n_t,
-                                            n_n_full, n_s_limit, s_cols, m_n, l_n, qk_scale, p_layout, BLOCK_N,
-                                            STAGES, GATHER)  # fmt: skip
-            t = n_t
-            q_start = n_q_start
-            q_len = n_q_len
-            kv_len = n_kv_len
-            n_tiles = n_n_tiles
-            kv_head = n_kv_head
-            row0 = n_row0
-            n_full = n_n_full
-            my_tiles = n_my_tiles
-            s_limit = n_s_limit
-            m_i = m_n
-            l_i = l_n
-            p_op = p_n
-            acc = zero_o
 
     @gluon.jit
     def _consumer_item(WG: gl.constexpr, q_ptr, out_ptr, q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty,
@@ -809,18 +535,47 @@ if gluon is not None:
             # first tile has no PV to run beside, the last no QK^T.
             p_op = gl.zeros([ROWS, BLOCK_N], dtype, layout=p_layout)
             if my_tiles > 0:
-                p_op, m_i, l_i = _first_tile(q_tile, k_smem, k_ready, k_empty, zero_s, t0, n_full, s_limit, s_cols,
-                                             m_i, l_i, qk_scale, p_layout, BLOCK_N, STAGES, GATHER)  # fmt: skip
+                _ready(k_ready.index(t0 % STAGES), (t0 // STAGES) & 1, GATHER)
+                qk = _scores(q_tile, k_smem, k_empty, zero_s, t0, STAGES)
+                p, alpha, m_i, l_i = _softmax_step(qk, 0, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
             for j in range(1, my_tiles):
-                p_op, acc, m_i, l_i = _tile_step(q_tile, k_smem, v_smem, k_ready, v_ready, k_empty, v_empty, zero_s,
-                                                 t0 + j, j, p_op, acc, m_i, l_i, n_full, s_limit, s_cols, qk_scale,
-                                                 o_layout, p_layout, BLOCK_N, STAGES, GATHER)  # fmt: skip
+                g = t0 + j
+                s = g % STAGES
+                mbarrier.wait(k_ready.index(s), (g // STAGES) & 1)
+                sp = (g - 1) % STAGES
+                _ready(v_ready.index(sp), ((g - 1) // STAGES) & 1, GATHER)  # (one fence for both slots)
+                k_tile = k_smem.index(s)
+                qk = warpgroup_mma(q_tile, k_tile.permute([1, 0]), zero_s, use_acc=False, is_async=True)
+                v_tile = v_smem.index(sp)
+                acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                qk, _, _ = warpgroup_mma_wait(1, deps=[qk, q_tile, k_tile])
+                thread_barrier()
+                mbarrier.arrive(k_empty.index(s), count=1)
+                p, alpha, m_i, l_i = _softmax_step(qk, j, n_full, s_limit, s_cols, m_i, l_i, qk_scale, BLOCK_N)
+                acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
+                thread_barrier()
+                mbarrier.arrive(v_empty.index(sp), count=1)
+                # (acc now holds every tile up to j-1, relative to their running max: rescaled to tile j's.)
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
             if my_tiles > 0:
-                acc = _last_pv(p_op, acc, v_smem, v_ready, v_empty, t0 + my_tiles - 1, STAGES, GATHER)
+                last = t0 + my_tiles - 1
+                _ready(v_ready.index(last % STAGES), (last // STAGES) & 1, GATHER)
+                v_tile = v_smem.index(last % STAGES)
+                acc = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                acc, _, _ = warpgroup_mma_wait(0, deps=[acc, v_tile, p_op])
+                thread_barrier()
+                mbarrier.arrive(v_empty.index(last % STAGES), count=1)
             # Tiles past every row of this warpgroup (the other one needs them): released unread.
             _release(k_ready, v_ready, k_empty, v_empty, t0 + my_tiles, t0 + n_tiles, STAGES)
-            _store_out(acc, l_i, out_ptr, row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP, HEAD_DIM,
-                       o_layout)  # fmt: skip
+
+            inv = gl.where(l_i > 0.0, 1.0 / l_i, 0.0)  # a row with no visible key writes zeros
+            acc = acc * gl.convert_layout(inv, gl.SliceLayout(1, o_layout))[:, None]
+            o = gl.convert_layout(acc.to(dtype), io_layout)
+            o_off, cols, valid = _row_offsets(row0, q_start, q_len, kv_head, stride_o_t, stride_o_h, GROUP, HEAD_DIM,
+                                              io_layout)  # fmt: skip
+            gl.store(out_ptr + o_off[:, None] + cols[None, :], o, mask=valid)
 
     # Per-batch values are never specialized (a value of 1 would turn them into constants, and a new batch size
     # into a new compile).
