@@ -152,6 +152,24 @@ def test_cases_are_picked_by_part_of_their_name_or_exactly_after_an_equals_sign(
     assert [c.name for c in ab.select_cases(cases, ["=prefill 4x2k", "D64"], ["D64"])] == ["prefill 4x2k"]
 
 
+def test_protocol_model_finds_the_deadlock_it_should_and_no_other():
+    """The barrier model of the warp-specialized kernel (``benchmarks.ws_protocol_model``): over random items and
+    interleavings, main's producer and consumers and the candidate forms never stop all waiting, and the one form
+    built to deadlock (consumers that wait for the next description while holding this item's last V slot) does,
+    with every process left waiting."""
+    import random
+
+    from benchmarks import ws_protocol_model as model
+
+    found = model.check(trials=1500, seed=0)
+    assert set(found) == {("main", "stream-v1")}, sorted(found)
+    items, waiting = found[("main", "stream-v1")]
+    assert "done" not in waiting and any("q_ready" in w for w in waiting)
+    # A batch the stream form overlaps at both item ends (one tile left to the other warpgroup, then none) runs out.
+    items = [{"n": 3, "my": (2, 3)}, {"n": 1, "my": (1, 0)}, {"n": 0, "my": (0, 0)}]
+    assert all(model.run(items, "ahead", "stream", random.Random(seed)) is None for seed in range(20))
+
+
 def test_prefill_suite_cases_and_causal_flops():
     """Prefill cases follow the suite's definition (new tokens fit their keys; the mixed batch is its two parts),
     and the FLOP count is the causal mask's visible pairs, counted here from an explicit mask."""
