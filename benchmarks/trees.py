@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", action="append", required=True, metavar="LABEL=DIR",
                    help="a checkout to time (twice or more; the first is the baseline)")  # fmt: skip
     p.add_argument("--suite", choices=sorted(SUITES), default="prefill", help="whose cases (default prefill)")
-    p.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name contains one of these")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="cases whose name contains one of these, or is one written after '='")  # fmt: skip
     p.add_argument("--rounds", type=int, default=2, help="times every tree runs the cases (default 2)")
     p.add_argument("--timeout", type=float, default=None, help="seconds a tree's run may take (default: no limit)")
     p.add_argument("--out", default="tpa_trees.json", help="JSON file to write ('' for none)")
