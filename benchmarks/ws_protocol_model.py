@@ -138,10 +138,9 @@ def check(trials: int, seed: int) -> dict[str, tuple[list[dict], list[str]]]:
     """Per consumer form: the first deadlock found (items, what each process waited for)."""
     rng = random.Random(seed)
     found = {}
-    forms = CONSUMER_FORMS
     for _ in range(trials):
         items = random_items(rng)
-        for form in forms:
+        for form in CONSUMER_FORMS:
             waiting = run(items, form, rng)
             if waiting is not None and form not in found:
                 found[form] = (items, waiting)
