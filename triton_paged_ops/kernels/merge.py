@@ -262,12 +262,16 @@ def _reduce_splits_kernel(
         w = tl.exp2(lse_parts - m_safe)
         total = tl.sum(w, 0)
         total_safe = tl.where(total > 0.0, total, 1.0)
+        # The outputs are loaded beside the lse values, not after them (one L2 round trip on the critical path of a
+        # short decode step instead of two): an empty segment's rows were never written and may hold anything, so
+        # they are dropped by a select, not weighted by their zero weight (0 * NaN is NaN).
         parts = tl.load(
             part_out_ptr + offs_s[:, None].to(tl.int64) * stride_po_s + offs_d[None, :],
-            mask=(s_mask & (lse_parts > float("-inf")))[:, None] & d_mask[None, :],
+            mask=s_mask[:, None] & d_mask[None, :],
             other=0.0,
         )
-        out = tl.sum(parts * w[:, None], 0) / total_safe
+        parts = tl.where((lse_parts > float("-inf"))[:, None], parts * w[:, None], 0.0)
+        out = tl.sum(parts, 0) / total_safe
         lse = tl.where(total > 0.0, m_safe + tl.log2(total_safe), float("-inf"))
     tl.store(out_ptr + token * stride_o_t + head * stride_o_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
     if WRITE_LSE:
