@@ -407,6 +407,41 @@ def test_kernel_times_needs_a_gpu(capsys):
         assert kernel_times.main(["--only", "B1x32k"]) == 2 and "CUDA" in capsys.readouterr().err
 
 
+def test_decode_scaling_fit_separates_fixed_cost_and_rate(capsys):
+    """Times built as 7 µs plus the bytes at 3.5 TB/s (with a wobble that averages out) give back both numbers;
+    too few points are refused, and without a GPU the tool says so."""
+    from benchmarks import decode_scaling
+
+    sizes = [67_108_864 * k for k in (1, 2, 4, 8)]
+    wobble = [0.2, -0.2, -0.2, 0.2]
+    fit = decode_scaling.fixed_and_rate(sizes, [7.0 + b / 3.5e6 + w for b, w in zip(sizes, wobble)])
+    assert fit["fixed_us"] == pytest.approx(7.0, abs=0.3) and fit["rate_tbps"] == pytest.approx(3.5, rel=0.01)
+    with pytest.raises(ValueError, match="two"):
+        decode_scaling.fit_line([1.0], [2.0])
+    with pytest.raises(ValueError, match="distinct"):
+        decode_scaling.fit_line([1.0, 1.0], [2.0, 3.0])
+    with pytest.raises(SystemExit):
+        decode_scaling.main(["--lengths", "4096", "4096"])
+    capsys.readouterr()
+    if not torch.cuda.is_available():
+        assert decode_scaling.main(["--lengths", "4096", "8192"]) == 2 and "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_decode_scaling_runs_and_fits(tmp_path):
+    import json
+
+    from benchmarks import decode_scaling
+
+    out = tmp_path / "scaling.json"
+    assert decode_scaling.main(["--batch", "2", "--lengths", "4096", "8192", "16384", "--splits", "8",
+                                "--out", str(out)]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    assert [r["kv_bytes"] for r in result["rows"]] == [2 * 2 * n * 8 * 128 * 2 for n in (4096, 8192, 16384)]
+    assert all(r["rel_err"] < 2e-2 for r in result["rows"])
+    assert all(f["rate_tbps"] > 0 for f in result["fits"].values())
+
+
 @pytest.mark.gpu
 def test_same_size_read_and_kernel_times():
     """The read of a case's bytes runs at a plausible rate (not above twice the large read: a bigger figure would
