@@ -342,7 +342,7 @@ def _paged_attention_kernel(
         lse_ptr += split.to(tl.int64) * stride_lse_split
     if SKIP_EMPTY_SEGMENTS > 0:  # noqa: SIM102 (a compile-time if around a run-time one)
         # A segment that starts past the sequence's keys (a short sequence in a batch split for long ones) holds
-        # nothing: its partial is lse = -inf (1: alone, the parallel reduce reads no output where the lse is -inf;
+        # nothing: its partial is lse = -inf (1: alone, the parallel reduce drops the output where the lse is -inf;
         # 2: with zero outputs, for the sequential reduce of batch-invariant mode, whose output loads must not wait
         # for the lse: +5% on B1x32k when they did), stored without loading q. Segment 0 still runs with sinks (it
         # carries the sink's logit).
