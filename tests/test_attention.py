@@ -687,6 +687,39 @@ def test_page_ids_a_tile_ahead_give_the_same_bits(page_size, block_n, split):
     _assert_same_bits_under(p, [dict(cfg, ids_ahead=False), dict(cfg, ids_ahead=True)])
 
 
+@pytest.mark.parametrize("page_size,block_n,split,guard", [
+    (16, 32, 1, True),
+    (16, 32, 4, True),  # split: short sequences' empty segments remapped (tails last)
+    (16, 32, 4, False),  # dropped page ids: the key guard alone keeps them out
+    (1, 16, 3, True),
+    (64, 32, 2, True),  # tiles inside a page: one id a tile
+])  # fmt: skip
+def test_block_table_entries_past_a_sequence_are_never_read(page_size, block_n, split, guard):
+    """Decode rows whose block table entries past their pages name a page of NaN keys and values, or lie outside
+    the cache (a reused request pool's table): outputs equal the reference, for full and partial last tiles, split
+    segments and remapped empty ones, with page ids clamped or dropped."""
+    spec = Spec(q_lens=[1, 1, 1, 1, 1], kv_lens=[5, 260, 40, 1, 97], pad_tokens=1, page_size=page_size,
+                num_kv_heads=2, group=4, head_dim=32, head_dim_v=32, dtype=torch.float16, causal=True,
+                window_left=-1, softcap=0.0, use_alibi=False, use_sinks=False, use_kv_scale=False, scale=0.2,
+                strided=False, spare_pages=1, extra_cols=3, tiles=(16, block_n), seed=61, num_splits=split)  # fmt: skip
+    p = build(spec, DEVICE)
+    q, k_cache, v_cache, block_table, cu, seq_lens = p.args[:6]
+    owned = set(block_table[block_table >= 0].tolist())
+    spare = next(i for i in range(k_cache.shape[0]) if i not in owned)  # no sequence owns it (spare_pages=1)
+    k_cache[spare], v_cache[spare] = float("nan"), float("nan")
+    for b, n in enumerate(seq_lens.tolist()):
+        used = -(-n // page_size)
+        block_table[b, used:] = spare
+        block_table[b, used + 1 :: 2] = k_cache.shape[0] + 5  # and ids past the cache
+    ref_out, ref_lse = reference.paged_attention_with_lse(*p.args[:9], **p.kwargs)
+    with attention_config_override(BLOCK_M=16, BLOCK_N=block_n, num_splits=split, decode_order="tails_last",
+                                   clamp_pages=guard):  # fmt: skip
+        plan = _launch_plan(p)
+        assert plan.constexprs["ONE_BLOCK_PER_SEQ"] and plan.constexprs["CLAMP_PAGES"] == guard
+        out, lse = run_out_variant(p)
+    assert_close_to_reference(out, lse, ref_out, ref_lse, spec.dtype, p.num_real_tokens)
+
+
 @pytest.mark.parametrize("page_size,guard,window_left,ids_ahead,split", [
     (16, True, -1, False, 1),
     (16, True, -1, True, 1),  # page ids a tile ahead in the one loop

@@ -55,7 +55,7 @@ def _fold_step(m, total, lse_b):
     Only a max carries from step to step before the exponentials, so the steps pipeline (a normalised merge per
     step chains an exp2, a log2 and a division). An empty run (-inf) changes nothing (but the sign of a zero).
     Batch-invariant mode folds a row's fixed KV segments with these operations whether one program walks them
-    (``_paged_attention_kernel``) or split programs wrote them (``_reduce_splits_kernel``, or the in-kernel merge):
+    (``_paged_attention_kernel``) or split programs wrote them (``_reduce_splits_kernel``):
     the same operations on the same fp32 values give the same bits either way.
     """
     m_new = tl.maximum(m, lse_b)
