@@ -507,3 +507,39 @@ def test_kv_layouts_runs(tmp_path):
     records = json.loads(out.read_text())["records"]
     assert {r["form"] for r in records} == {"nhd_permuted", "nhd_in_order", "hnd_permuted", "read_same_bytes"}
     assert all(r["rel_err"] < 2e-2 for r in records if "rel_err" in r)
+
+
+def test_clocks_parses_nvidia_smi_samples(capsys):
+    """nvidia-smi lines become numbers (unreported fields None, reasons a hex mask), a phase's summary takes the
+    medians and names every reason seen, and without a GPU the tool says so."""
+    from benchmarks import clocks
+
+    a = clocks.parse_sample("1980, 512.25, 45, 0x0000000000000000\n")
+    b = clocks.parse_sample("1755, 699.9, 52, 0x0000000000000004")
+    c = clocks.parse_sample("1830, [N/A], 50, 0x0000000000000024")
+    assert a == {"clocks.sm": 1980.0, "power.draw": 512.25, "temperature.gpu": 45.0, "clocks_event_reasons.active": 0}
+    assert c["power.draw"] is None and c["clocks_event_reasons.active"] == 0x24
+    assert clocks.parse_sample("clocks.sm, power.draw") is None
+    s = clocks.summarize([a, b, c])
+    assert s["samples"] == 3 and s["sm_mhz"] == 1830.0 and s["power_w"] == pytest.approx((512.25 + 699.9) / 2)
+    assert s["reasons"] == ["sw_power_cap", "sw_thermal"]
+    assert clocks.reason_names(0x10000 | 0x1) == ["idle", "0x10000"]
+    assert clocks.summarize([])["sm_mhz"] is None
+    if not torch.cuda.is_available():
+        assert clocks.main([]) == 2 and "CUDA" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_clocks_runs_both_phases(tmp_path):
+    import json
+
+    from benchmarks import clocks
+
+    out = tmp_path / "clocks.json"
+    assert clocks.main(["--suite", "decode", "--only", "=B8x4k", "--seconds", "1.5", "--spaced", "3",
+                        "--gap-ms", "20", "--out", str(out)]) == 0  # fmt: skip
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["rel_err"] < 2e-2 and "tpa" in row["kernels"]
+    for r in row["kernels"].values():
+        assert r["sustained"]["replays"] > 10 and r["spaced"]["calls"] == 3
+        assert 0.3 < r["steady_tbps"] < 10 and 0.1 < r["spaced_tbps"] < 10

@@ -252,28 +252,37 @@ def _sdpa_calls(case: Case, seed: int) -> list[tuple]:
     return calls
 
 
-def sdpa_dense_us(case: Case, seed: int) -> dict[str, float]:
-    """µs of each of PyTorch's fused SDPA backends (``SDPA_BACKENDS``) on the case's dense shapes (``_sdpa_calls``);
-    a backend that refuses the shapes (or this GPU) is left out."""
+def sdpa_runner(case: Case, seed: int, name: str) -> Callable[[], object] | None:
+    """A call of PyTorch's SDPA backend ``name`` (one of ``SDPA_BACKENDS``) on the case's dense shapes
+    (``_sdpa_calls``), run once to check it; None where the backend refuses the shapes (or this GPU)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    calls = _sdpa_calls(case, seed)
     kinds = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
              "efficient": SDPBackend.EFFICIENT_ATTENTION}  # fmt: skip
+    calls = _sdpa_calls(case, seed)
+
+    def run(kind=kinds[name]):
+        with sdpa_kernel(kind):
+            return [sdpa(q, k, v, **kw) for q, k, v, kw in calls]
+
+    try:
+        run()
+        torch.cuda.synchronize()
+    except RuntimeError:  # "No available kernel": this backend does not take these shapes
+        return None
+    return run
+
+
+def sdpa_dense_us(case: Case, seed: int) -> dict[str, float]:
+    """µs of each of PyTorch's fused SDPA backends (``SDPA_BACKENDS``) on the case's dense shapes (``_sdpa_calls``);
+    a backend that refuses the shapes (or this GPU) is left out."""
     times = {}
     for name in SDPA_BACKENDS:
-
-        def run(kind=kinds[name]):
-            with sdpa_kernel(kind):
-                return [sdpa(q, k, v, **kw) for q, k, v, kw in calls]
-
-        try:
-            run()
-            torch.cuda.synchronize()
-        except RuntimeError:  # "No available kernel": this backend does not take these shapes
-            continue
-        times[name] = time_graph(run)
+        run = sdpa_runner(case, seed, name)
+        if run is not None:
+            times[name] = time_graph(run)
+            del run
     return times
 
 
