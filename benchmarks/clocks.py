@@ -13,8 +13,9 @@ case this runs the op and the fastest dense SDPA backend in two ways:
 Meanwhile nvidia-smi samples the SM clock, the board power and the reasons the driver gives for holding the clock
 down, every 20 ms. Per phase: median µs a call, TFLOP/s (prefill) or TB/s of KV (decode), the median clock and
 power of the samples inside it, the reasons seen, and on Hopper (sm_90, 16-bit) the TFLOP/s as a fraction of the
-tensor cores' dense peak at that clock (SMs x 4,096 FLOP a cycle). A spaced call is too short to catch a sample:
-its clock column is empty.
+tensor cores' dense peak at that clock (SMs x 4,096 FLOP a cycle). The clock reading is current; the power reading
+is the driver's average over about a second, so the first stretch's shows the idle before it. A spaced call is too
+short to catch a sample: its clock column is empty.
 """
 
 from __future__ import annotations
