@@ -37,6 +37,7 @@ from triton_paged_ops.bench import (
     SUITES,
     _git_sha,
     build_inputs,
+    capture_graph,
     check_case,
     finish,
     sdpa_runner,
@@ -115,26 +116,10 @@ def summarize(samples: list[dict]) -> dict:
             "temp_c": med("temperature.gpu"), "reasons": reason_names(mask)}  # fmt: skip
 
 
-def _graph(fn, inner: int) -> torch.cuda.CUDAGraph:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(inner):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph
-
-
 def sustained(fn, sampler: Sampler | None, seconds: float, inner: int = 20) -> dict:
     """Replays of ``inner`` calls back to back for ``seconds`` after a second of idle: the first three replays'
     median µs a call, the last second's, and the nvidia-smi readings of each stretch."""
-    graph = _graph(fn, inner)
+    graph = capture_graph(fn, inner)
     time.sleep(1.0)
     events, stamps = [], []
     t0 = time.monotonic()
@@ -163,7 +148,7 @@ def sustained(fn, sampler: Sampler | None, seconds: float, inner: int = 20) -> d
 
 def spaced(fn, count: int, gap_ms: float) -> dict:
     """Median µs of one call (a one-call graph), each replay after ``gap_ms`` of idle."""
-    graph = _graph(fn, 1)
+    graph = capture_graph(fn, 1)
     times = []
     for _ in range(count):
         time.sleep(gap_ms / 1e3)

@@ -77,8 +77,8 @@ def decode_cases() -> list[Case]:
     ]
 
 
-def time_graph(fn: Callable[[], object], inner: int = 20, reps: int = 30) -> float:
-    """Median µs of one ``fn`` call, from replays of a CUDA graph holding ``inner`` calls (warm-up outside)."""
+def capture_graph(fn: Callable[[], object], inner: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``inner`` ``fn`` calls, warmed up outside it and replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -92,6 +92,12 @@ def time_graph(fn: Callable[[], object], inner: int = 20, reps: int = 30) -> flo
             fn()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(fn: Callable[[], object], inner: int = 20, reps: int = 30) -> float:
+    """Median µs of one ``fn`` call, from replays of a CUDA graph holding ``inner`` calls (warm-up outside)."""
+    graph = capture_graph(fn, inner)
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
