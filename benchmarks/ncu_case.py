@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         calls = _sdpa_calls(case, seed=0) if args.sdpa != "none" else []
 
         def dense(calls=calls):
+            if not calls:  # --sdpa none
+                return
             with sdpa_kernel(kinds[args.sdpa]):
                 for q, k, v, kw in calls:
                     torch.nn.functional.scaled_dot_product_attention(q, k, v, **kw)
