@@ -543,3 +543,34 @@ def test_clocks_runs_both_phases(tmp_path):
     for r in row["kernels"].values():
         assert r["sustained"]["replays"] > 10 and r["spaced"]["calls"] == 3
         assert 0.3 < r["steady_tbps"] < 10 and 0.1 < r["spaced_tbps"] < 10
+
+
+def test_ncu_source_groups_samples_by_reason_and_times_run(tmp_path, capsys):
+    from benchmarks import ncu_source
+
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier",'
+              '"stall_long_sb","stall_barrier (Not Issued)"')
+    rows_a = [("0x0", "LDC R1, c[0x0][0x28]", 1, 4, 0, 0), ("0x10", "LDG.E R2, [R4]", 3, 32, 0, 3),
+              ("0x20", "IMAD.MOV.U32 R5, RZ, RZ, R2", 12, 32, 2, 10), ("0x30", "BAR.SYNC 0x0", 4, 32, 4, 0)]
+    text = '"Kernel Name","kernel_a",\n' + header + "\n"
+    text += "\n".join(f'"{a}","      {s}","{n}","{e}","{b}","{lsb}","0"' for a, s, n, e, b, lsb in rows_a)
+    text += '\n"Kernel Name","kernel_b",\n' + header + '\n"0x0","NOP","5","8","5","0","0"\n'
+    kernels = ncu_source.parse(text)
+    assert [name for name, _ in kernels] == ["kernel_a", "kernel_b"]
+    a = ncu_source.summarize(kernels[0][1], top=2)
+    assert a["samples"] == 20
+    assert a["by_reason"] == {"long_sb": 13, "barrier": 6}  # the "(Not Issued)" column is not a reason of its own
+    assert a["by_times_run"][0] == {"executed": 32, "instructions": 3, "samples": 19}
+    assert a["by_times_run"][1] == {"executed": 4, "instructions": 1, "samples": 1}
+    assert [(h["sass"], h["reason"], h["after"]) for h in a["top"]] == [
+        ("IMAD.MOV.U32 R5, RZ, RZ, R2", "long_sb", "LDG.E R2, [R4]"),
+        ("BAR.SYNC 0x0", "barrier", "IMAD.MOV.U32 R5, RZ, RZ, R2"),
+    ]
+    path = tmp_path / "src.csv"
+    path.write_text(text)
+    assert ncu_source.main([str(path), "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel_a: 20 samples" in out and "kernel_b: 5 samples" in out and "IMAD.MOV.U32" in out
+    (tmp_path / "empty.csv").write_text("nothing here\n")
+    with pytest.raises(SystemExit):
+        ncu_source.main([str(tmp_path / "empty.csv")])
