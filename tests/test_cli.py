@@ -427,6 +427,32 @@ def test_decode_scaling_fit_separates_fixed_cost_and_rate(capsys):
         assert decode_scaling.main(["--lengths", "4096", "8192"]) == 2 and "CUDA" in capsys.readouterr().err
 
 
+def test_paged_read_sums_every_owned_row_once(capsys):
+    """The paged-read probe's kernel, split into segments that end inside pages and past short sequences, sums each
+    sequence's K + V rows through its block table as plain PyTorch does (pages permuted, unowned slots NaN: a
+    row read that the sequence does not own shows); without a GPU the tool says so."""
+    from benchmarks import paged_read
+
+    from triton_paged_ops.inputs import random_paged_batch
+
+    from .strategies import poison_unowned_slots
+
+    kv_lens = [70, 5, 0, 33]
+    gen = torch.Generator().manual_seed(0)
+    pb = random_paged_batch([1] * 4, kv_lens, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
+                            dtype=torch.float16, device="cpu", generator=gen, extra_cols=3)  # fmt: skip
+    poison_unowned_slots(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens)
+    splits, segment = 3, 32
+    partial = torch.full((4 * splits, 2, 16), float("nan"))
+    paged_read.paged_read(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens, splits, segment, partial,
+                          block_n=16)  # fmt: skip
+    got = partial.view(4, splits, 2, 16).sum(1)
+    torch.testing.assert_close(got, paged_read.reference_sums(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens))
+    assert got[2].eq(0).all() and got[0].abs().sum() > 0
+    if not torch.cuda.is_available():
+        assert paged_read.main(["--only", "B1x32k"]) == 2 and "CUDA" in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 def test_decode_scaling_runs_and_fits(tmp_path):
     import json

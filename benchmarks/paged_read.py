@@ -1,0 +1,130 @@
+"""How much of a decode step is the paged read itself? ``python -m benchmarks.paged_read [--only NAME ...]
+[--out FILE]`` (CUDA GPU).
+
+A Triton kernel with the decode launch's grid (the planner's segments x KV heads, 4 warps, 128-key tiles through
+the block table, the loop pipelined as the decode loop is) reads every K and V row of each segment and sums them,
+with no attention arithmetic; timed beside the decode op on the same batch and a one-kernel contiguous read of the
+same bytes. Where the paged read lands near the contiguous one, the decode step's extra time is its own work per
+tile and its reduce; where it lands near the decode step, the gather through this grid is the cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_paged_ops.bench import Case, _git_sha, build_inputs, check_case, finish, same_size_read_us, time_graph
+from triton_paged_ops.plan import attention_launch_plan
+
+CASES = (("B1x32k", [32768]), ("B8x4k", [4096] * 8), ("B32x4k", [4096] * 32))
+
+
+@triton.jit
+def _paged_read_kernel(
+    k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, partial_ptr, stride_k_page, stride_k_slot,
+    stride_k_head, stride_v_page, stride_v_slot, stride_v_head, stride_bt, segment_len, num_splits,
+    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
+):  # fmt: skip
+    """Program (segment, KV head): the sum over its segment's keys of K + V rows (fp32, [HEAD_DIM]) into
+    ``partial_ptr[program, head]``; keys past the sequence's end count as 0."""
+    seq = tl.program_id(0) // num_splits
+    split = tl.program_id(0) % num_splits
+    head = tl.program_id(1)
+    lo = split * segment_len
+    hi = tl.minimum(tl.load(seq_lens_ptr + seq), lo + segment_len)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=STAGES):
+        key = start + offs_n
+        ok = key < hi
+        page = tl.load(bt_row + key // PAGE_SIZE, mask=ok, other=0).to(tl.int64)
+        slot = key % PAGE_SIZE
+        k_row = page * stride_k_page + slot * stride_k_slot + head * stride_k_head
+        v_row = page * stride_v_page + slot * stride_v_slot + head * stride_v_head
+        k = tl.load(k_cache_ptr + k_row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + v_row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
+        acc += tl.sum(k.to(tl.float32) + v.to(tl.float32), axis=0)
+    tl.store(partial_ptr + (tl.program_id(0) * tl.num_programs(1) + head) * HEAD_DIM + offs_d, acc)
+
+
+def paged_read(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+               num_splits: int, segment_len: int, partial: torch.Tensor, block_n: int = 128,
+               stages: int = 2) -> None:  # fmt: skip
+    """Launch the read: ``partial`` [num_seqs * num_splits, Hkv, D] fp32 receives each program's sum."""
+    grid = (seq_lens.numel() * num_splits, k_cache.shape[2])
+    _paged_read_kernel[grid](
+        k_cache, v_cache, block_table, seq_lens, partial, *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_table.stride(0), segment_len, num_splits, HEAD_DIM=k_cache.shape[3], PAGE_SIZE=k_cache.shape[1],
+        BLOCK_N=block_n, STAGES=stages, num_warps=4,
+    )  # fmt: skip
+
+
+def reference_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                   seq_lens: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Per sequence and KV head, the fp32 sum of its keys' K + V rows [num_seqs, Hkv, D] (plain PyTorch)."""
+    page_size = k_cache.shape[1]
+    sums = []
+    for b, n in enumerate(seq_lens.tolist()):
+        keys = torch.arange(n, device=k_cache.device)
+        pages = block_table[b, keys // page_size].long()
+        rows = (k_cache[pages, keys % page_size].float() + v_cache[pages, keys % page_size].float()).sum(0)
+        sums.append(rows)
+    return torch.stack(sums)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.paged_read", description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", nargs="+", default=None, choices=[name for name, _ in CASES], help="cases to run")
+    p.add_argument("--out", default=None, help="JSON file to write")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("paged_read needs a CUDA GPU", file=sys.stderr)
+        return 2
+    records, lines = [], []
+    for name, lens in CASES:
+        if args.only and name not in args.only:
+            continue
+        case = Case(name, lens)
+        inp = build_inputs(case, seed=1)
+        q, k, v, table, cu, seq_lens, max_q, max_k, scale = inp.args
+        lp = attention_launch_plan(
+            num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
+            head_dim_v=case.head_dim, page_size=case.page_size, dtype=case.dtype, cache_dtype=case.dtype,
+            num_seqs=len(lens), max_seqlen_q=1, max_seqlen_k=max_k, causal=True, window_left=-1, softcap=0.0,
+            has_alibi=False, has_sinks=False, has_k_scale=False, has_v_scale=False, has_rows=False, want_lse=False,
+            device_index=torch.cuda.current_device(), interpret=False, batch_invariant=False,
+        )  # fmt: skip
+        splits, segment = lp.split.num_splits, lp.split.segment_len if lp.split.num_splits > 1 else max_k
+        partial = torch.empty(len(lens) * splits, case.num_kv_heads, case.head_dim, device="cuda")
+        err = check_case(inp)
+        record = {"case": name, "splits": splits, "segment_len": segment, "kv_bytes": inp.kv_bytes, "rel_err": err,
+                  "decode_us": sorted(time_graph(inp.call) for _ in range(3))[1]}  # fmt: skip
+        for stages in (2, 3):
+            paged_read(k, v, table, seq_lens, splits, segment, partial, stages=stages)
+            got = partial.view(len(lens), splits, *partial.shape[1:]).sum(1)
+            want = reference_sums(k, v, table, seq_lens)
+            record[f"read_err_stages{stages}"] = float((got - want).norm() / want.norm())
+            record[f"paged_read_us_stages{stages}"] = sorted(
+                time_graph(lambda s=stages: paged_read(k, v, table, seq_lens, splits, segment, partial, stages=s))
+                for _ in range(3)
+            )[1]  # fmt: skip
+        record["contiguous_read_us"] = same_size_read_us(inp.kv_bytes)
+        records.append(record)
+        tbps = {key: inp.kv_bytes / val / 1e6 for key, val in record.items() if key.endswith("_us")}
+        lines.append(f"{name:7s} {splits:3d} splits  " + "  ".join(
+            f"{key[:-3]} {record[key]:7.2f} µs ({tbps[key]:.2f} TB/s)" for key in tbps))  # fmt: skip
+        del inp, k, v
+    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "git_sha": _git_sha(), "records": records}  # fmt: skip
+    finish(result, "\n".join(lines), args.out, "benchmarks.paged_read", argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
