@@ -54,15 +54,23 @@ def _paged_read_kernel(
 
 
 def paged_read(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
-               num_splits: int, segment_len: int, partial: torch.Tensor, block_n: int = 128,
-               stages: int = 2) -> None:  # fmt: skip
+               num_splits: int, segment_len: int, partial: torch.Tensor, block_n: int = 128, stages: int = 2,
+               warps: int = 4) -> None:  # fmt: skip
     """Launch the read: ``partial`` [num_seqs * num_splits, Hkv, D] fp32 receives each program's sum."""
     grid = (seq_lens.numel() * num_splits, k_cache.shape[2])
     _paged_read_kernel[grid](
         k_cache, v_cache, block_table, seq_lens, partial, *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_table.stride(0), segment_len, num_splits, HEAD_DIM=k_cache.shape[3], PAGE_SIZE=k_cache.shape[1],
-        BLOCK_N=block_n, STAGES=stages, num_warps=4,
+        BLOCK_N=block_n, STAGES=stages, num_warps=warps,
     )  # fmt: skip
+
+
+def _read_forms(splits: int) -> list[tuple[int, tuple[int, int, int]]]:
+    """(splits, (keys per tile, stages, warps)) timed per case: the decode launch's own first, then other tiles at
+    its split count and its tile at half and twice the count."""
+    tiles = [(128, 2, 4), (64, 4, 4), (32, 8, 4), (64, 2, 4), (128, 2, 8), (128, 3, 4)]
+    return ([(splits, t) for t in tiles] + [(max(1, splits // 2), tiles[0]), (2 * splits, tiles[0]),
+                                            (4 * splits, tiles[0])])  # fmt: skip
 
 
 def reference_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -101,24 +109,31 @@ def main(argv: list[str] | None = None) -> int:
             device_index=torch.cuda.current_device(), interpret=False, batch_invariant=False,
         )  # fmt: skip
         splits, segment = lp.split.num_splits, lp.split.segment_len if lp.split.num_splits > 1 else max_k
-        partial = torch.empty(len(lens) * splits, case.num_kv_heads, case.head_dim, device="cuda")
         err = check_case(inp)
         record = {"case": name, "splits": splits, "segment_len": segment, "kv_bytes": inp.kv_bytes, "rel_err": err,
-                  "decode_us": sorted(time_graph(inp.call) for _ in range(3))[1]}  # fmt: skip
-        for stages in (2, 3):
-            paged_read(k, v, table, seq_lens, splits, segment, partial, stages=stages)
-            got = partial.view(len(lens), splits, *partial.shape[1:]).sum(1)
-            want = reference_sums(k, v, table, seq_lens)
-            record[f"read_err_stages{stages}"] = float((got - want).norm() / want.norm())
-            record[f"paged_read_us_stages{stages}"] = sorted(
-                time_graph(lambda s=stages: paged_read(k, v, table, seq_lens, splits, segment, partial, stages=s))
-                for _ in range(3)
-            )[1]  # fmt: skip
-        record["contiguous_read_us"] = same_size_read_us(inp.kv_bytes)
+                  "decode_us": sorted(time_graph(inp.call) for _ in range(3))[1],
+                  "contiguous_read_us": same_size_read_us(inp.kv_bytes), "paged_reads": []}  # fmt: skip
+        want = reference_sums(k, v, table, seq_lens)
+        for num_splits, (block_n, stages, warps) in _read_forms(splits):
+            seg = -(-max_k // (num_splits * block_n)) * block_n
+            num_splits = -(-max_k // seg)
+            partial = torch.empty(len(lens) * num_splits, case.num_kv_heads, case.head_dim, device="cuda")
+            def run(n=num_splits, seg=seg, partial=partial, tile=(block_n, stages, warps)):
+                paged_read(k, v, table, seq_lens, n, seg, partial, *tile)
+
+            run()
+            got = partial.view(len(lens), num_splits, *partial.shape[1:]).sum(1)
+            record["paged_reads"].append({
+                "splits": num_splits, "block_n": block_n, "stages": stages, "warps": warps,
+                "err": float((got - want).norm() / want.norm()), "us": sorted(time_graph(run) for _ in range(3))[1],
+            })  # fmt: skip
         records.append(record)
-        tbps = {key: inp.kv_bytes / val / 1e6 for key, val in record.items() if key.endswith("_us")}
-        lines.append(f"{name:7s} {splits:3d} splits  " + "  ".join(
-            f"{key[:-3]} {record[key]:7.2f} µs ({tbps[key]:.2f} TB/s)" for key in tbps))  # fmt: skip
+        same = record["paged_reads"][0]
+        best = min(record["paged_reads"], key=lambda r: r["us"])
+        lines.append(f"{name:7s} decode {record['decode_us']:7.2f} µs  paged read, decode's grid and tile "
+                     f"{same['us']:7.2f}  fastest paged read {best['us']:7.2f} ({best['splits']} splits, "
+                     f"{best['block_n']} keys x {best['stages']} stages, {best['warps']} warps)  contiguous read "
+                     f"{record['contiguous_read_us']:7.2f}  ({inp.kv_bytes / 1e6:.0f} MB)")  # fmt: skip
         del inp, k, v
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "git_sha": _git_sha(), "records": records}  # fmt: skip

@@ -437,13 +437,14 @@ def test_paged_read_sums_every_owned_row_once(capsys):
 
     from .strategies import poison_unowned_slots
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     kv_lens = [70, 5, 0, 33]
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=device).manual_seed(0)
     pb = random_paged_batch([1] * 4, kv_lens, num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
-                            dtype=torch.float16, device="cpu", generator=gen, extra_cols=3)  # fmt: skip
+                            dtype=torch.float16, device=device, generator=gen, extra_cols=3)  # fmt: skip
     poison_unowned_slots(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens)
     splits, segment = 3, 32
-    partial = torch.full((4 * splits, 2, 16), float("nan"))
+    partial = torch.full((4 * splits, 2, 16), float("nan"), device=device)
     paged_read.paged_read(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens, splits, segment, partial,
                           block_n=16)  # fmt: skip
     got = partial.view(4, splits, 2, 16).sum(1)
