@@ -450,6 +450,11 @@ def test_paged_read_sums_every_owned_row_once(capsys):
     got = partial.view(4, splits, 2, 16).sum(1)
     torch.testing.assert_close(got, paged_read.reference_sums(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens))
     assert got[2].eq(0).all() and got[0].abs().sum() > 0
+    # The TMA form: whole pages copied (their unowned, NaN rows dropped), two pages a loop step.
+    partial.fill_(float("nan"))
+    paged_read.paged_read_tma(paged_read.tma_descriptors(pb.k_cache, pb.v_cache), pb.block_table, pb.seq_lens,
+                              splits, segment, partial, pages=2)  # fmt: skip
+    torch.testing.assert_close(partial.view(4, splits, 2, 16).sum(1), got)
     if not torch.cuda.is_available():
         assert paged_read.main(["--only", "B1x32k"]) == 2 and "CUDA" in capsys.readouterr().err
 
