@@ -5,7 +5,8 @@ A Triton kernel with the decode launch's grid (the planner's segments x KV heads
 the block table, the loop pipelined as the decode loop is) reads every K and V row of each segment and sums them,
 with no attention arithmetic; timed beside the decode op on the same batch and a one-kernel contiguous read of the
 same bytes, then in other tiles, stages, warps and split counts, and with each page's rows of a head copied by the
-TMA instead of by 16-byte ``cp.async`` copies. Where the paged read lands near the contiguous one, the decode step's extra time is its own work per
+TMA instead of by 16-byte ``cp.async`` copies (Triton's pipelined descriptor loads, and a Gluon loop with its own
+mbarrier ring). Where the paged read lands near the contiguous one, the decode step's extra time is its own work per
 tile and its reduce; where it lands near the decode step, the gather through this grid is the cost.
 """
 
@@ -19,7 +20,11 @@ import triton
 import triton.language as tl
 
 from triton_paged_ops.bench import Case, _git_sha, build_inputs, check_case, finish, same_size_read_us, time_graph
+from triton_paged_ops.kernels import hopper
 from triton_paged_ops.plan import attention_launch_plan
+
+if hopper.gluon is not None:
+    from triton_paged_ops.kernels.hopper import _copy_tile, gl, mbarrier, thread_barrier
 
 CASES = (("B1x32k", [32768]), ("B8x4k", [4096] * 8), ("B32x4k", [4096] * 32))
 
@@ -81,6 +86,64 @@ def _paged_read_tma_kernel(
     tl.store(partial_ptr + (tl.program_id(0) * tl.num_programs(1) + head) * HEAD_DIM + tl.arange(0, HEAD_DIM), acc)
 
 
+if hopper.gluon is not None:
+
+    @hopper.gluon.jit
+    def _paged_read_gluon_kernel(
+        k_desc, v_desc, block_table_ptr, seq_lens_ptr, partial_ptr, stride_bt, segment_len, num_splits,
+        PAGE_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+    ):  # fmt: skip
+        """``_paged_read_tma_kernel`` in Gluon with its own ring: ``STAGES`` slots of a ``BLOCK_N``-key K and V tile,
+        each filled by one TMA copy per page (the warp-specialized prefill's ``_copy_tile``) completing on the slot's
+        mbarrier, ``STAGES - 1`` tiles ahead of the one being summed."""
+        D: gl.constexpr = k_desc.block_type.shape[1]
+        tile_bytes: gl.constexpr = 2 * BLOCK_N * D * k_desc.block_type.element_ty.primitive_bitwidth // 8
+        COPY: gl.constexpr = PAGE_SIZE if PAGE_SIZE < BLOCK_N else BLOCK_N
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        seq = gl.program_id(0) // num_splits
+        split = gl.program_id(0) % num_splits
+        head = gl.program_id(1)
+        kv_len = gl.load(seq_lens_ptr + seq)
+        lo = split * segment_len
+        hi = gl.minimum(kv_len, lo + segment_len)
+        bt_row = block_table_ptr + seq.to(gl.int64) * stride_bt
+        n_pages = gl.cdiv(kv_len, PAGE_SIZE)
+        k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+        t_lo = lo // BLOCK_N  # (segments are whole tiles)
+        n_tiles = gl.maximum(gl.cdiv(hi - lo, BLOCK_N), 0)
+        for i in gl.static_range(STAGES - 1):
+            if i < n_tiles:
+                mbarrier.expect(ready.index(i), tile_bytes)
+                _copy_tile(k_desc, k_smem.index(i), ready.index(i), bt_row, n_pages, t_lo + i, head * D, PAGE_SIZE,
+                           BLOCK_N, COPY)  # fmt: skip
+                _copy_tile(v_desc, v_smem.index(i), ready.index(i), bt_row, n_pages, t_lo + i, head * D, PAGE_SIZE,
+                           BLOCK_N, COPY)  # fmt: skip
+        acc = gl.zeros([D], gl.float32, layout=gl.SliceLayout(0, layout))
+        for t in range(n_tiles):
+            nxt = t + STAGES - 1
+            if nxt < n_tiles:
+                # Its slot was last read in step t - 1, which every warp finished (the barrier below).
+                s_n = nxt % STAGES
+                mbarrier.expect(ready.index(s_n), tile_bytes)
+                _copy_tile(k_desc, k_smem.index(s_n), ready.index(s_n), bt_row, n_pages, t_lo + nxt, head * D,
+                           PAGE_SIZE, BLOCK_N, COPY)  # fmt: skip
+                _copy_tile(v_desc, v_smem.index(s_n), ready.index(s_n), bt_row, n_pages, t_lo + nxt, head * D,
+                           PAGE_SIZE, BLOCK_N, COPY)  # fmt: skip
+            s = t % STAGES
+            mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+            k = k_smem.index(s).load(layout).to(gl.float32)
+            v = v_smem.index(s).load(layout).to(gl.float32)
+            keys = (t_lo + t) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+            acc += gl.sum(gl.where((keys < hi)[:, None], k + v, gl.zeros_like(k)), axis=0)
+            thread_barrier()
+        offs = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+        gl.store(partial_ptr + (gl.program_id(0) * gl.num_programs(1) + head) * D + offs, acc)
+
+
 def paged_read(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                num_splits: int, segment_len: int, partial: torch.Tensor, block_n: int = 128, stages: int = 2,
                warps: int = 4) -> None:  # fmt: skip
@@ -115,6 +178,21 @@ def paged_read_tma(descriptors: tuple, block_table: torch.Tensor, seq_lens: torc
     )  # fmt: skip
 
 
+def paged_read_gluon(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                     num_splits: int, segment_len: int, partial: torch.Tensor, block_n: int = 128, stages: int = 3,
+                     warps: int = 4) -> None:  # fmt: skip
+    """``paged_read`` by the Gluon kernel (sm_90: TMA copies a page each into its own mbarrier ring)."""
+    copy = min(k_cache.shape[1], block_n)
+    dtype = gl.bfloat16 if k_cache.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([copy, k_cache.shape[3]], dtype)
+    descs = [hopper._descriptor(c, copy, layout) for c in (k_cache, v_cache)]
+    grid = (seq_lens.numel() * num_splits, k_cache.shape[2])
+    _paged_read_gluon_kernel[grid](
+        *descs, block_table, seq_lens, partial, block_table.stride(0), segment_len, num_splits,
+        PAGE_SIZE=k_cache.shape[1], BLOCK_N=block_n, STAGES=stages, WARPS=warps, num_warps=warps,
+    )  # fmt: skip
+
+
 def _read_forms(splits: int) -> list[tuple[int, tuple[int, int, int]]]:
     """(splits, (keys per tile, stages, warps)) timed per case: the decode launch's own first, then other tiles at
     its split count and its tile at half and twice the count."""
@@ -128,6 +206,13 @@ def _tma_forms(splits: int) -> list[tuple[int, tuple[int, int, int]]]:
     16) at 2 and 3 stages, 4 pages at 4, at the decode's split count, and 8 at four times it."""
     forms = [(8, 2, 4), (8, 3, 4), (4, 4, 4)]
     return [(splits, f) for f in forms] + [(4 * splits, forms[0])]
+
+
+def _gluon_forms(splits: int) -> list[tuple[int, tuple[int, int]]]:
+    """(splits, (keys per tile, stages)) of the Gluon TMA ring (one program per SM at 128-key tiles: 64 KB a stage):
+    at the decode's split count, and 128-key tiles x 3 at four times it."""
+    forms = [(128, 2), (128, 3), (64, 4), (64, 3)]
+    return [(splits, f) for f in forms] + [(4 * splits, forms[1])]
 
 
 def reference_sums(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
@@ -203,12 +288,32 @@ def main(argv: list[str] | None = None) -> int:
                 "us": sorted(time_graph(run_tma) for _ in range(3))[1],
             })  # fmt: skip
         records.append(record)
+        # (Gluon's TMA ring: sm_90 with a Triton the warp-specialized kernel is verified on.)
+        has_gluon = hopper.available(torch.cuda.current_device())
+        for num_splits, (block_n, stages) in _gluon_forms(splits) if has_gluon else []:
+            seg = -(-max_k // (num_splits * block_n)) * block_n
+            num_splits = -(-max_k // seg)
+            partial = torch.empty(len(lens) * num_splits, case.num_kv_heads, case.head_dim, device="cuda")
+
+            def run_gluon(n=num_splits, seg=seg, partial=partial, form=(block_n, stages)):
+                paged_read_gluon(k, v, table, seq_lens, n, seg, partial, *form)
+
+            run_gluon()
+            got = partial.view(len(lens), num_splits, *partial.shape[1:]).sum(1)
+            record["paged_reads"].append({
+                "copy": "gluon tma", "splits": num_splits, "block_n": block_n, "stages": stages, "warps": 4,
+                "err": float((got - want).norm() / want.norm()),
+                "us": sorted(time_graph(run_gluon) for _ in range(3))[1],
+            })  # fmt: skip
         same = record["paged_reads"][0]
         lines.append(f"{name:7s} decode {record['decode_us']:7.2f} µs  paged read, decode's grid and tile "
                      f"{same['us']:7.2f}  contiguous read {record['contiguous_read_us']:7.2f}  "
                      f"({inp.kv_bytes / 1e6:.0f} MB)")  # fmt: skip
-        for copy in ("cp.async", "tma")[: 2 if has_tma else 1]:
-            best = min((r for r in record["paged_reads"] if r["copy"] == copy), key=lambda r: r["us"])
+        for copy in ("cp.async", "tma", "gluon tma"):
+            timed = [r for r in record["paged_reads"] if r["copy"] == copy]
+            if not timed:
+                continue
+            best = min(timed, key=lambda r: r["us"])
             lines.append(f"{'':7s} fastest {copy} paged read {best['us']:7.2f} ({best['splits']} splits, "
                          f"{best['block_n']} keys x {best['stages']} stages, {best['warps']} warps)")  # fmt: skip
         del inp, k, v

@@ -455,6 +455,18 @@ def test_paged_read_sums_every_owned_row_once(capsys):
     paged_read.paged_read_tma(paged_read.tma_descriptors(pb.k_cache, pb.v_cache), pb.block_table, pb.seq_lens,
                               splits, segment, partial, pages=2)  # fmt: skip
     torch.testing.assert_close(partial.view(4, splits, 2, 16).sum(1), got)
+    from triton_paged_ops.kernels import hopper
+
+    if device == "cuda" and hopper.available(torch.cuda.current_device()):
+        # The Gluon form (sm_90): its own mbarrier ring of 32-key tiles, a TMA copy per 16-key page.
+        pb = random_paged_batch([1] * 4, [200, 5, 0, 33], num_q_heads=4, num_kv_heads=2, head_dim=64, page_size=16,
+                                dtype=torch.bfloat16, device=device, generator=gen, extra_cols=3)  # fmt: skip
+        poison_unowned_slots(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens)
+        partial = torch.full((4 * 4, 2, 64), float("nan"), device=device)
+        paged_read.paged_read_gluon(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens, 4, 64, partial,
+                                    block_n=32, stages=2)  # fmt: skip
+        want = paged_read.reference_sums(pb.k_cache, pb.v_cache, pb.block_table, pb.seq_lens)
+        torch.testing.assert_close(partial.view(4, 4, 2, 64).sum(1), want)
     if not torch.cuda.is_available():
         assert paged_read.main(["--only", "B1x32k"]) == 2 and "CUDA" in capsys.readouterr().err
 
