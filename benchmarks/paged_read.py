@@ -256,64 +256,44 @@ def main(argv: list[str] | None = None) -> int:
                   "decode_us": sorted(time_graph(inp.call) for _ in range(3))[1],
                   "contiguous_read_us": same_size_read_us(inp.kv_bytes), "paged_reads": []}  # fmt: skip
         want = reference_sums(k, v, table, seq_lens)
-        for num_splits, (block_n, stages, warps) in _read_forms(splits):
-            seg = -(-max_k // (num_splits * block_n)) * block_n
-            num_splits = -(-max_k // seg)
-            partial = torch.empty(len(lens) * num_splits, case.num_kv_heads, case.head_dim, device="cuda")
-            def run(n=num_splits, seg=seg, partial=partial, tile=(block_n, stages, warps)):
-                paged_read(k, v, table, seq_lens, n, seg, partial, *tile)
 
-            run()
-            got = partial.view(len(lens), num_splits, *partial.shape[1:]).sum(1)
-            record["paged_reads"].append({
-                "copy": "cp.async", "splits": num_splits, "block_n": block_n, "stages": stages, "warps": warps,
-                "err": float((got - want).norm() / want.norm()), "us": sorted(time_graph(run) for _ in range(3))[1],
-            })  # fmt: skip
-        # (The TMA: NVIDIA sm_90 and newer.)
-        has_tma = torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9
-        descriptors = tma_descriptors(k, v) if has_tma else None
-        for num_splits, (pages, stages, warps) in _tma_forms(splits) if has_tma else []:
-            seg = -(-max_k // (num_splits * pages * case.page_size)) * pages * case.page_size
-            num_splits = -(-max_k // seg)
-            partial = torch.empty(len(lens) * num_splits, case.num_kv_heads, case.head_dim, device="cuda")
+        def timed(copy: str, launch, requested: int, tile_keys: int, **form) -> None:
+            """Time one read form: ``requested`` segments per sequence (whole tiles of ``tile_keys``), ``launch(n,
+            segment_len, partial)``; its sums checked against ``want``."""
+            seg = -(-max_k // (requested * tile_keys)) * tile_keys
+            n = -(-max_k // seg)
+            partial = torch.empty(len(lens) * n, case.num_kv_heads, case.head_dim, device=k.device)
+            launch(n, seg, partial)
+            got = partial.view(len(lens), n, *partial.shape[1:]).sum(1)
+            us = sorted(time_graph(lambda: launch(n, seg, partial)) for _ in range(3))[1]
+            record["paged_reads"].append({"copy": copy, "splits": n, "block_n": tile_keys, **form, "us": us,
+                                          "err": float((got - want).norm() / want.norm())})  # fmt: skip
 
-            def run_tma(n=num_splits, seg=seg, partial=partial, form=(pages, stages, warps)):
-                paged_read_tma(descriptors, table, seq_lens, n, seg, partial, *form)
-
-            run_tma()
-            got = partial.view(len(lens), num_splits, *partial.shape[1:]).sum(1)
-            record["paged_reads"].append({
-                "copy": "tma", "splits": num_splits, "block_n": pages * case.page_size, "stages": stages,
-                "warps": warps, "err": float((got - want).norm() / want.norm()),
-                "us": sorted(time_graph(run_tma) for _ in range(3))[1],
-            })  # fmt: skip
+        for n, (block_n, stages, warps) in _read_forms(splits):
+            timed("cp.async", lambda n, seg, part, t=(block_n, stages, warps): paged_read(
+                k, v, table, seq_lens, n, seg, part, *t), n, block_n, stages=stages, warps=warps)  # fmt: skip
+        # (The TMA: NVIDIA sm_90 and newer; Gluon's ring: sm_90 with a Triton the warp-specialized kernel is verified
+        # on.)
+        if torch.version.hip is None and torch.cuda.get_device_capability()[0] >= 9:
+            descriptors = tma_descriptors(k, v)
+            for n, (pages, stages, warps) in _tma_forms(splits):
+                timed("tma", lambda n, seg, part, f=(pages, stages, warps): paged_read_tma(
+                    descriptors, table, seq_lens, n, seg, part, *f), n, pages * case.page_size, stages=stages,
+                    warps=warps)  # fmt: skip
+        if hopper.available(torch.cuda.current_device()):
+            for n, (block_n, stages) in _gluon_forms(splits):
+                timed("gluon tma", lambda n, seg, part, f=(block_n, stages): paged_read_gluon(
+                    k, v, table, seq_lens, n, seg, part, *f), n, block_n, stages=stages, warps=4)  # fmt: skip
         records.append(record)
-        # (Gluon's TMA ring: sm_90 with a Triton the warp-specialized kernel is verified on.)
-        has_gluon = hopper.available(torch.cuda.current_device())
-        for num_splits, (block_n, stages) in _gluon_forms(splits) if has_gluon else []:
-            seg = -(-max_k // (num_splits * block_n)) * block_n
-            num_splits = -(-max_k // seg)
-            partial = torch.empty(len(lens) * num_splits, case.num_kv_heads, case.head_dim, device="cuda")
-
-            def run_gluon(n=num_splits, seg=seg, partial=partial, form=(block_n, stages)):
-                paged_read_gluon(k, v, table, seq_lens, n, seg, partial, *form)
-
-            run_gluon()
-            got = partial.view(len(lens), num_splits, *partial.shape[1:]).sum(1)
-            record["paged_reads"].append({
-                "copy": "gluon tma", "splits": num_splits, "block_n": block_n, "stages": stages, "warps": 4,
-                "err": float((got - want).norm() / want.norm()),
-                "us": sorted(time_graph(run_gluon) for _ in range(3))[1],
-            })  # fmt: skip
         same = record["paged_reads"][0]
         lines.append(f"{name:7s} decode {record['decode_us']:7.2f} µs  paged read, decode's grid and tile "
                      f"{same['us']:7.2f}  contiguous read {record['contiguous_read_us']:7.2f}  "
                      f"({inp.kv_bytes / 1e6:.0f} MB)")  # fmt: skip
         for copy in ("cp.async", "tma", "gluon tma"):
-            timed = [r for r in record["paged_reads"] if r["copy"] == copy]
-            if not timed:
+            of_copy = [r for r in record["paged_reads"] if r["copy"] == copy]
+            if not of_copy:
                 continue
-            best = min(timed, key=lambda r: r["us"])
+            best = min(of_copy, key=lambda r: r["us"])
             lines.append(f"{'':7s} fastest {copy} paged read {best['us']:7.2f} ({best['splits']} splits, "
                          f"{best['block_n']} keys x {best['stages']} stages, {best['warps']} warps)")  # fmt: skip
         del inp, k, v
