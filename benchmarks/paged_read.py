@@ -30,6 +30,14 @@ CASES = (("B1x32k", [32768]), ("B8x4k", [4096] * 8), ("B32x4k", [4096] * 32))
 
 
 @triton.jit
+def _program_keys(seq_lens_ptr, segment_len, num_splits):
+    """This program's sequence, KV head and key range ``[lo, hi)`` (its segment, cut at the sequence's end)."""
+    seq = tl.program_id(0) // num_splits
+    lo = (tl.program_id(0) % num_splits) * segment_len
+    return seq, tl.program_id(1), lo, tl.minimum(tl.load(seq_lens_ptr + seq), lo + segment_len)
+
+
+@triton.jit
 def _paged_read_kernel(
     k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, partial_ptr, stride_k_page, stride_k_slot,
     stride_k_head, stride_v_page, stride_v_slot, stride_v_head, stride_bt, segment_len, num_splits,
@@ -37,11 +45,7 @@ def _paged_read_kernel(
 ):  # fmt: skip
     """Program (segment, KV head): the sum over its segment's keys of K + V rows (fp32, [HEAD_DIM]) into
     ``partial_ptr[program, head]``; keys past the sequence's end count as 0."""
-    seq = tl.program_id(0) // num_splits
-    split = tl.program_id(0) % num_splits
-    head = tl.program_id(1)
-    lo = split * segment_len
-    hi = tl.minimum(tl.load(seq_lens_ptr + seq), lo + segment_len)
+    seq, head, lo, hi = _program_keys(seq_lens_ptr, segment_len, num_splits)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
@@ -66,11 +70,7 @@ def _paged_read_tma_kernel(
 ):  # fmt: skip
     """``_paged_read_kernel`` with each page's rows of one head copied by the TMA: one [PAGE_SIZE, HEAD_DIM] box of
     the cache seen as [pages x PAGE_SIZE, Hkv x HEAD_DIM], ``PAGES`` pages a loop step."""
-    seq = tl.program_id(0) // num_splits
-    split = tl.program_id(0) % num_splits
-    head = tl.program_id(1)
-    lo = split * segment_len
-    hi = tl.minimum(tl.load(seq_lens_ptr + seq), lo + segment_len)
+    seq, head, lo, hi = _program_keys(seq_lens_ptr, segment_len, num_splits)
     offs_p = tl.arange(0, PAGE_SIZE)
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     bt_row = block_table_ptr + seq.to(tl.int64) * stride_bt
